@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up SplitServe on a fresh machine: Debian packages, a virtual environment in .venv,
+# and the project installed in editable mode with its test extras.
+# Idempotent: run it again after pulling. Honors SPLITSERVE_VENV and PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${SPLITSERVE_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+# Debian packages the project needs at run time (see docs/architecture.md for why each).
+APT_PACKAGES=(libibverbs1)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip wheel
+echo "setup: installing splitserve (editable) and its test extras into $VENV"
+"$VENV/bin/python" -m pip install -q -e ".[test]"
+echo "setup: done. Activate with: source $VENV/bin/activate"
