@@ -1,0 +1,85 @@
+"""Frozen configuration dataclasses for the engine; CLI flags are derived from them (cli_args.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+EVICTION_POLICIES = ("lru", "lfu", "priority")
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to load and how to run them."""
+
+    model_path: str | None = field(default=None, metadata={
+        "help": "Hugging Face model folder; left out means the built-in tiny model (generated once into the cache)"})
+    served_model_name: str | None = field(default=None, metadata={
+        "help": "model name reported by /v1/models and accepted in requests (defaults to the folder name)"})
+    dtype: str = field(default="auto", metadata={
+        "help": "weight and KV dtype; auto = the checkpoint's torch_dtype (float32 on CPU for float16 checkpoints)",
+        "choices": DTYPES})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto (cuda when available)"})
+    num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    context_length: int | None = field(default=None, metadata={
+        "help": "maximum prompt + output tokens; defaults to the model's max_position_embeddings"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "attention backend (torch everywhere; more on CUDA as they land)", "choices": ("auto", "torch")})
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV pool and the radix prefix cache."""
+
+    page_size: int = field(default=16, metadata={"help": "tokens per KV page; prefix matching is page-aligned"})
+    max_total_tokens: int | None = field(default=None, metadata={
+        "help": "KV pool size in tokens; defaults to --mem-fraction of memory"})
+    mem_fraction: float = field(default=0.15, metadata={
+        "help": "fraction of memory (RAM on CPU, free GPU memory on CUDA) for the KV pool when --max-total-tokens "
+                "is not given"})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn off prefix caching (for A/B tests)"})
+    radix_eviction_policy: str = field(default="lru", metadata={
+        "help": "which unlocked leaves the radix cache evicts first", "choices": EVICTION_POLICIES})
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching, chunked prefill and admission."""
+
+    max_running_requests: int = field(default=128, metadata={"help": "most requests decoding at once"})
+    chunked_prefill_size: int = field(default=512, metadata={
+        "help": "longest prefill chunk per request per step; -1 disables chunking"})
+    max_prefill_tokens: int = field(default=4096, metadata={
+        "help": "prefill token budget of one step (a single unchunked prompt may exceed it)"})
+    schedule_policy: str = field(default="fcfs", metadata={
+        "help": "waiting-queue order: fcfs, or lpm (longest cached prefix first)", "choices": SCHEDULE_POLICIES})
+    max_queued_requests: int = field(default=4096, metadata={
+        "help": "waiting requests beyond this are refused with 503"})
+
+    @property
+    def chunk_size(self) -> int | None:
+        return None if self.chunked_prefill_size <= 0 else self.chunked_prefill_size
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP front."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=30000, metadata={"help": "HTTP port"})
+    log_level: str = field(default="info", metadata={
+        "help": "log level", "choices": ("debug", "info", "warning", "error")})
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    health_generate_timeout: float = field(default=20.0, metadata={
+        "help": "seconds /health_generate waits for its one-token request"})
+    shutdown_timeout: float = field(default=30.0, metadata={
+        "help": "seconds SIGTERM waits for in-flight requests before aborting them"})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine core needs (the server config stays outside)."""
+
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()

@@ -1,0 +1,196 @@
+"""The synchronous engine core: model, KV pool, prefix cache, scheduler, runner and sampler wired together.
+``step()`` runs one iteration (schedule -> forward -> sample -> update -> detokenize); the async engine calls it
+from its own thread, tests call it directly."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.mem.allocator import PageAllocator
+from engine.mem.base import NoPrefixCache, PrefixCache
+from engine.mem.kv_pool import KVPool, KVShape
+from engine.mem.radix_cache import RadixCache
+from engine.models import load_model
+from engine.request import Request
+from engine.runner.attention import create_backend
+from engine.runner.model_runner import ModelRunner
+from engine.sampler import TokenLogprob, sample
+from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.scheduler import Scheduler
+from engine.tiny_model import ensure_tiny_model
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    req: Request
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: bool = False
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _pool_tokens(cfg: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
+    if cfg.cache.max_total_tokens:
+        return cfg.cache.max_total_tokens
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * cfg.cache.mem_fraction
+    else:
+        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * cfg.cache.mem_fraction
+    return int(budget // bytes_per_token)
+
+
+class EngineCore:
+    def __init__(self, cfg: EngineConfig, kv_buffer: memoryview | None = None) -> None:
+        self.cfg = cfg
+        mc = cfg.model
+        self.model_dir = Path(mc.model_path) if mc.model_path else ensure_tiny_model()
+        self.device = resolve_device(mc.device)
+        if mc.num_threads > 0 and self.device.type == "cpu":
+            torch.set_num_threads(mc.num_threads)
+        self.model, self.arch, self.dtype = load_model(self.model_dir, mc.dtype, self.device)
+        self.tokenizer = Tokenizer(self.model_dir)
+        self.served_model_name = mc.served_model_name or self.model_dir.name
+        page = cfg.cache.page_size
+        if page < 1:
+            raise ValueError("--page-size must be at least 1")
+        probe = KVShape(self.arch.num_layers, 1, 1, self.arch.num_kv_heads, self.arch.head_dim, self.dtype)
+        tokens = _pool_tokens(cfg, probe.bytes_per_token, self.device)
+        num_pages = max(2, tokens // page + 1)  # +1: the reserved null page
+        self.kv_shape = KVShape(self.arch.num_layers, num_pages, page, self.arch.num_kv_heads,
+                                self.arch.head_dim, self.dtype)
+        self.pool = KVPool(self.kv_shape, self.device, kv_buffer)
+        self.allocator = PageAllocator(num_pages)
+        self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
+                                   RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy))
+        self.context_length = min(mc.context_length or self.arch.max_position_embeddings,
+                                  self.allocator.capacity * page)
+        eos = tuple(dict.fromkeys(self.arch.eos_token_ids + self.tokenizer.eos_token_ids))
+        self.scheduler = Scheduler(cfg.scheduler, self.allocator, self.cache, page, eos)
+        backend = create_backend(mc.attention_backend, self.pool, self.arch.num_heads, self.arch.head_dim)
+        self.runner = ModelRunner(self.model, self.pool, backend, self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self.requests: dict[str, Request] = {}
+        self.num_steps = 0
+        log.info("engine ready: model=%s arch=%s dtype=%s device=%s kv_pages=%d page_size=%d context=%d",
+                 self.model_dir, self.arch.architecture, self.dtype, self.device, num_pages - 1, page,
+                 self.context_length)
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def make_request(self, prompt_ids: list[int], sampling: SamplingParams, rid: str | None = None,
+                     extra_key: str | None = None, priority: int = 0, detokenize: bool = True,
+                     choice: int = 0, group_leader: Request | None = None) -> Request:
+        """Validate and build a request (raises InvalidRequestError with a client-facing message)."""
+        sampling.validate(self.arch.vocab_size)
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        bad = next((t for t in prompt_ids if not 0 <= t < self.arch.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {self.arch.vocab_size})",
+                                      param="input_ids")
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context length is {self.context_length} "
+                f"(prompt + output), so shorten the prompt", param="prompt", code="context_length_exceeded")
+        max_new = sampling.max_new_tokens if sampling.max_new_tokens is not None else room
+        if max_new > room:
+            raise InvalidRequestError(
+                f"max_tokens={max_new} plus the prompt's {len(prompt_ids)} tokens exceeds the context length "
+                f"{self.context_length}; ask for at most {room}", param="max_tokens",
+                code="context_length_exceeded")
+        seed = None if sampling.seed is None else (sampling.seed + choice * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
+        req = Request(rid=rid or uuid.uuid4().hex, prompt_ids=list(prompt_ids), sampling=sampling,
+                      max_new_tokens=max_new, extra_key=extra_key, priority=priority, seed=seed,
+                      group_leader=group_leader)
+        if detokenize:
+            req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, sampling.skip_special_tokens,
+                                               sampling.stop)
+        return req
+
+    def add_request(self, req: Request) -> None:
+        if req.rid in self.requests:
+            raise InvalidRequestError(f"request id {req.rid!r} is already in flight", param="rid")
+        self.requests[req.rid] = req
+        self.scheduler.add(req)
+
+    def abort(self, rid: str, reason: str = "aborted") -> StepOutput | None:
+        req = self.scheduler.abort(rid, reason)
+        if req is None:
+            return None
+        self.requests.pop(rid, None)
+        return StepOutput(req, finished=True)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- one iteration -----------------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        self.num_steps += 1
+        logits, sampled = self.runner.forward(batch)
+        reqs = [s.req for s in sampled]
+        tokens, logprobs = sample(logits, reqs, self.generator) if reqs else ([], [])
+        produced = self.scheduler.update(batch, dict(zip(reqs, tokens)))
+        lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}
+        now = time.monotonic()
+        outputs = []
+        for req in produced:
+            token = req.output_ids[-1]
+            out = StepOutput(req, [token])
+            if req in lp_of:
+                req.output_logprobs.append(lp_of[req])
+                out.logprobs.append(lp_of[req])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.last_token_time = now
+            if req.detok is not None:
+                text, stop = req.detok.add([token])
+                out.new_text = text
+                if stop is not None and not req.finished:
+                    self.scheduler.finish(req, "stop", stop)
+                elif req.finished:
+                    out.new_text += req.detok.flush()
+            out.finished = req.finished
+            if req.finished:
+                self.requests.pop(req.rid, None)
+            outputs.append(out)
+        return outputs
+
+    def run_to_completion(self, reqs: list[Request], max_steps: int = 100_000) -> None:
+        """Add ``reqs`` and step until all finish (for tests and offline use)."""
+        for r in reqs:
+            self.add_request(r)
+        for _ in range(max_steps):
+            if all(r.finished for r in reqs):
+                return
+            self.step()
+        raise RuntimeError(f"requests did not finish within {max_steps} steps")
+
+    # -- cache control and introspection -------------------------------------------------------------------------
+    def flush_cache(self) -> int:
+        return self.cache.flush()
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()

@@ -1,0 +1,111 @@
+"""Load a Llama/Qwen2/Qwen3 checkpoint from a local Hugging Face folder (single or sharded safetensors)."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
+from engine.models.llama import CausalLM
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_STACKED = {  # HF module name -> (our fused module, position in the fused weight)
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPES[requested]
+    dtype = _DTYPES.get(checkpoint_dtype.replace("torch.", ""), torch.float32)
+    if device.type == "cpu" and dtype == torch.float16:
+        log.info("float16 checkpoint on CPU: running in float32 (pass --dtype float16 to force)")
+        return torch.float32
+    return dtype
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({model_dir / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ModelLoadError(
+        f"{model_dir} has no model.safetensors or model.safetensors.index.json (only safetensors checkpoints load)")
+
+
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(model_dir: Path, dtype: str, device: torch.device) -> tuple[CausalLM, ArchConfig, torch.dtype]:
+    cfg = load_arch_config(model_dir)
+    torch_dtype = resolve_dtype(dtype, cfg.torch_dtype, device)
+    files = _weight_files(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    params = dict(model.named_parameters())
+    loaded: dict[str, torch.Tensor] = {}
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in _iter_tensors(files):
+        if "rotary_emb" in name:
+            continue
+        key = name[len("model."):] if name.startswith("model.") and not name.startswith("model.layers.") else name
+        m = _LAYER.match(name)
+        if m:
+            layer, rest = m.groups()
+            stem, _, kind = rest.rpartition(".")
+            if stem in _STACKED:
+                target, idx = _STACKED[stem]
+                full = f"layers.{layer}.{target}.{kind}"
+                pieces.setdefault(full, {})[idx] = tensor
+                continue
+            key = f"layers.{layer}.{rest}"
+        if key == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if key not in params:
+            log.warning("ignoring checkpoint tensor %s (no matching parameter)", name)
+            continue
+        loaded[key] = tensor
+    for full, parts in pieces.items():
+        expected = 3 if ".qkv_proj." in full else 2
+        if len(parts) != expected:
+            raise ModelLoadError(f"checkpoint is missing parts of {full} (found shards {sorted(parts)})")
+        loaded[full] = torch.cat([parts[i] for i in range(expected)], dim=0)
+    missing = sorted(set(params) - set(loaded))
+    if missing:
+        raise ModelLoadError(f"checkpoint in {model_dir} lacks tensors: {', '.join(missing[:8])}"
+                             + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    for key, tensor in loaded.items():
+        if tuple(tensor.shape) != tuple(params[key].shape):
+            raise ModelLoadError(f"tensor {key} has shape {tuple(tensor.shape)}, config implies "
+                                 f"{tuple(params[key].shape)}")
+    model.load_state_dict({k: v.to(torch_dtype) for k, v in loaded.items()}, strict=False, assign=True)
+    model.rope = type(model.rope)(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
+                                  min(cfg.max_position_embeddings, 8192))
+    model.to(device)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, cfg, torch_dtype

@@ -1,0 +1,60 @@
+"""Rotary position embeddings (default, linear and Llama 3 scaling), applied in the rotate-half layout."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    kind = scaling["rope_type"]
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        original = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = original / low, original / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope type {kind!r}")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Holds a cos/sin table (float32, grown on demand) and rotates q and k in place of HF's apply_rotary_pos_emb."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inverse_frequencies(head_dim, theta, scaling), persistent=False)
+        self._cos = torch.empty(0)
+        self._sin = torch.empty(0)
+        self._grow(max_positions)
+
+    def _grow(self, n: int) -> None:
+        pos = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(pos, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos, self._sin = emb.cos(), emb.sin()
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, H, D], k: [T, KVH, D], positions: [T] -> rotated (q, k) in q's dtype."""
+        if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
+            self._grow(max(int(positions.max()) + 1, 2 * self._cos.shape[0]))
+        cos = self._cos[positions].to(q.dtype).unsqueeze(1)
+        sin = self._sin[positions].to(q.dtype).unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,1 @@
+"""Turning a scheduled batch into tensors and running the model (no policy here)."""

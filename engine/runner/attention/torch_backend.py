@@ -1,0 +1,67 @@
+"""Paged attention in plain torch, for CPU and CUDA: decodes are batched over a padded page table, each
+extend (prefill chunk) attends over its cached prefix plus itself with a causal mask."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.mem.kv_pool import KVPool
+from engine.runner.attention.base import AttentionBackend, AttentionMeta
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def __init__(self, pool: KVPool, num_heads: int, head_dim: int) -> None:
+        self.pool = pool
+        self.num_heads = num_heads
+        self.scale = head_dim ** -0.5
+        self.page_size = pool.shape.page_size
+        self._meta: AttentionMeta | None = None
+        self._decode_slots = torch.empty(0, dtype=torch.long)
+        self._decode_mask = torch.empty(0, dtype=torch.bool)
+        self._extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
+
+    def begin(self, meta: AttentionMeta) -> None:
+        self._meta = meta
+        device = self.pool.data.device
+        p = self.page_size
+        offsets = torch.arange(p, device=device)
+        if meta.num_decode:
+            table = meta.decode_page_table
+            slots = (table.unsqueeze(-1) * p + offsets).reshape(table.shape[0], -1)
+            width = int(meta.decode_kv_lens.max())
+            self._decode_slots = slots[:, :width]
+            valid = torch.arange(width, device=device).unsqueeze(0) < meta.decode_kv_lens.unsqueeze(1)
+            self._decode_mask = valid[:, None, None, :]  # [B, 1, 1, L]
+        self._extend = []
+        for seq in meta.extends:
+            slots = (seq.pages.unsqueeze(-1) * p + offsets).reshape(-1)[: seq.kv_len]
+            prefix = seq.kv_len - seq.q_len
+            mask = None
+            if prefix:
+                rows = torch.arange(seq.q_len, device=device).unsqueeze(1) + prefix
+                mask = torch.arange(seq.kv_len, device=device).unsqueeze(0) <= rows
+            self._extend.append((seq.q_start, seq.q_len, slots, mask))
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta = self._meta
+        assert meta is not None, "begin() must be called before forward()"
+        k_cache, v_cache = self.pool.k(layer), self.pool.v(layer)
+        k_cache.index_copy_(0, meta.out_slots, k)
+        v_cache.index_copy_(0, meta.out_slots, v)
+        out = torch.empty_like(q)
+        nd = meta.num_decode
+        if nd:
+            qd = q[:nd].unsqueeze(2)  # [B, H, 1, D]
+            kd = k_cache[self._decode_slots].transpose(1, 2)  # [B, KVH, L, D]
+            vd = v_cache[self._decode_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self._decode_mask, scale=self.scale,
+                                               enable_gqa=True)
+            out[:nd] = o.squeeze(2)
+        for start, n, slots, mask in self._extend:
+            qe = q[start:start + n].transpose(0, 1)  # [H, n, D]
+            ke = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
+            ve = v_cache[slots].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, is_causal=mask is None,
+                                               scale=self.scale, enable_gqa=True)
+            out[start:start + n] = o.transpose(0, 1)
+        return out

@@ -1,0 +1,112 @@
+"""Sampling: pure functions from a step's logits and its requests' parameters to next tokens.
+
+Order per row: raw log-probabilities (for ``logprobs``) -> penalties (repetition on prompt+output, frequency and
+presence on output) -> greedy argmax, or temperature -> top-k / top-p / min-p filtering -> an exponential race
+(argmax of p / E with E ~ Exp(1), which samples from p). A request with a seed draws E from a generator seeded
+by (seed, output position), so its tokens do not depend on batching, preemption or which worker runs the step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+
+_MASK64 = (1 << 64) - 1
+
+
+def step_seed(seed: int, position: int) -> int:
+    """A 63-bit seed for one sampling step (splitmix64 of seed and position)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """In place, only rows whose request asks for a penalty."""
+    for row, req in enumerate(reqs):
+        sp = req.sampling
+        if not sp.needs_penalties:
+            continue
+        x = logits[row]
+        if sp.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(req.prompt_ids) | set(req.output_ids)), dtype=torch.long,
+                                device=x.device)
+            vals = x[seen]
+            x[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+        if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
+            out = torch.tensor(req.output_ids, dtype=torch.long, device=x.device)
+            counts = torch.bincount(out, minlength=x.shape[0]).to(x.dtype)
+            x -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(x.dtype)
+
+
+def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 min_p: torch.Tensor) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k / top-p nucleus / min-p threshold (not renormalised)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    drop = ranks >= top_k.unsqueeze(1)
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
+    drop |= before >= top_p.unsqueeze(1)
+    drop |= sorted_p < (min_p * sorted_p[:, :1].squeeze(1)).unsqueeze(1)
+    drop[:, 0] = False  # the most likely token always survives
+    keep_sorted = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, keep_sorted)
+
+
+def _exponential(rows: list[int], reqs: list[Request], vocab: int, device: torch.device,
+                 shared: torch.Generator) -> torch.Tensor:
+    noise = torch.empty(len(rows), vocab, device=device)
+    unseeded = [i for i, r in enumerate(rows) if reqs[r].seed is None]
+    if unseeded:
+        noise[unseeded] = torch.empty(len(unseeded), vocab, device=device).exponential_(generator=shared)
+    for i, r in enumerate(rows):
+        req = reqs[r]
+        if req.seed is not None:
+            g = torch.Generator(device=device)
+            g.manual_seed(step_seed(req.seed, len(req.output_ids)))
+            noise[i].exponential_(generator=g)
+    return noise
+
+
+def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator
+           ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """logits: [len(reqs), V] float32 (modified in place). Returns next tokens and, where asked, logprobs."""
+    want_lp = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
+    raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
+    apply_penalties(logits, reqs)
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
+    if rows:
+        sps = [reqs[i].sampling for i in rows]
+        device = logits.device
+        temp = torch.tensor([sp.temperature for sp in sps], device=device).unsqueeze(1)
+        probs = torch.softmax(logits[rows] / temp, dim=-1)
+        if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0 for sp in sps):
+            vocab = probs.shape[-1]
+            top_k = torch.tensor([sp.top_k if sp.top_k > 0 else vocab for sp in sps], device=device)
+            top_p = torch.tensor([sp.top_p for sp in sps], device=device)
+            min_p = torch.tensor([sp.min_p for sp in sps], device=device)
+            probs = filter_probs(probs, top_k, top_p, min_p)
+        noise = _exponential(rows, reqs, probs.shape[-1], device, shared)
+        tokens[rows] = (probs / noise).argmax(dim=-1)
+    token_list = tokens.tolist()
+    logprobs: list[TokenLogprob | None] = [None] * len(reqs)
+    if raw_lp is not None:
+        for j, i in enumerate(want_lp):
+            k = reqs[i].sampling.logprobs or 0
+            row = raw_lp[j]
+            top: list[tuple[int, float]] = []
+            if k:
+                vals, ids = row.topk(k)
+                top = list(zip(ids.tolist(), vals.tolist()))
+            logprobs[i] = TokenLogprob(token_list[i], float(row[token_list[i]]), top)
+    return token_list, logprobs

@@ -1,0 +1,35 @@
+"""What one engine step runs: for each request, which token positions to compute and whether to sample."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    req: Request
+    start: int  # first position computed this step (the request's kv_len)
+    num_tokens: int
+    sample: bool  # the chunk reaches the end of the sequence, so its last position is sampled
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    seqs: list[ScheduledSeq]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    @property
+    def sampled(self) -> list[ScheduledSeq]:
+        return [s for s in self.seqs if s.sample]
+
+    @property
+    def num_decode(self) -> int:
+        return sum(1 for s in self.seqs if s.num_tokens == 1)

@@ -1,0 +1,89 @@
+"""A request's pages: admission (prefix match + allocation), growth, caching into the prefix cache, release.
+
+Invariant: ``req.pages[:req.num_cached_pages]`` belong to the prefix cache and are locked through ``req.node``;
+the rest are the request's own and are freed (or handed to the cache) when it leaves."""
+from __future__ import annotations
+
+from engine.mem.allocator import PageAllocator
+from engine.mem.base import MatchResult, PrefixCache
+from engine.request import Request
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+class KVManager:
+    def __init__(self, allocator: PageAllocator, cache: PrefixCache, page_size: int) -> None:
+        self.allocator = allocator
+        self.cache = cache
+        self.page_size = page_size
+
+    def match(self, req: Request) -> MatchResult:
+        """Longest cached prefix, leaving at least one token to compute (its logits give the next token)."""
+        return self.cache.match_prefix(req.tokens(0, req.seq_len - 1), req.extra_key)
+
+    def reserve(self, pages: int) -> bool:
+        """Make ``pages`` free pages available, evicting unlocked cache entries if needed."""
+        short = pages - self.allocator.available
+        if short > 0:
+            self.cache.evict(short * self.page_size)
+        return self.allocator.available >= pages
+
+    def admit(self, req: Request, match: MatchResult, headroom_pages: int = 0) -> bool:
+        """Lock the matched prefix and allocate pages for the rest of the sequence; False if memory is short."""
+        need = pages_for(req.seq_len, self.page_size) - len(match.pages)
+        self.cache.inc_lock(match.node)  # protect the match from the eviction reserve() may do
+        if not self.reserve(need + headroom_pages):
+            self.cache.dec_lock(match.node)
+            return False
+        new = self.allocator.alloc(need)
+        assert new is not None
+        req.pages = match.pages + new
+        req.num_cached_pages = len(match.pages)
+        req.node = match.node
+        req.kv_len = match.num_tokens
+        if req.cached_tokens is None:
+            req.cached_tokens = match.num_tokens
+        return True
+
+    def grow(self, req: Request, tokens: int) -> bool:
+        """Ensure pages for ``tokens`` more positions after kv_len."""
+        need = pages_for(req.kv_len + tokens, self.page_size) - len(req.pages)
+        if need <= 0:
+            return True
+        if not self.reserve(need):
+            return False
+        new = self.allocator.alloc(need)
+        assert new is not None
+        req.pages.extend(new)
+        return True
+
+    def cache_prefix(self, req: Request) -> None:
+        """Hand the computed whole pages to the prefix cache and lock them (called when prefill completes)."""
+        if not self.cache.enabled:
+            return
+        full = req.kv_len // self.page_size
+        if full <= req.num_cached_pages:
+            return
+        key = req.tokens(0, full * self.page_size)
+        dup = self.cache.insert(key, req.pages[:full], req.extra_key, req.priority)
+        self.allocator.free(req.pages[req.num_cached_pages:dup // self.page_size])
+        match = self.cache.match_prefix(key, req.extra_key)
+        assert len(match.pages) == full, "pages just inserted must match"
+        self.cache.inc_lock(match.node)
+        self.cache.dec_lock(req.node)
+        req.pages[:full] = match.pages
+        req.num_cached_pages = full
+        req.node = match.node
+
+    def release(self, req: Request, keep: bool = True) -> None:
+        """Give back every page: whole computed pages go to the prefix cache when ``keep``, the rest are freed."""
+        if self.cache.enabled and keep:
+            self.cache_prefix(req)
+        self.allocator.free(req.pages[req.num_cached_pages:])
+        self.cache.dec_lock(req.node)
+        req.pages = []
+        req.num_cached_pages = 0
+        req.node = None
+        req.kv_len = 0

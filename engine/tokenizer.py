@@ -1,0 +1,44 @@
+"""Tokenizer and chat template, loaded with transformers from the model folder."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.models.config import ModelLoadError
+from engine.sampling_params import InvalidRequestError
+
+
+class Tokenizer:
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer.model").is_file():
+            raise ModelLoadError(f"{model_dir} has no tokenizer.json (or tokenizer.model)")
+        self.hf = AutoTokenizer.from_pretrained(str(model_dir))
+        self._fast = getattr(self.hf, "_tokenizer", None)  # the Rust tokenizer, for quick decodes
+        self.vocab_size = len(self.hf)
+        self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        eos = self.hf.eos_token_id
+        self.eos_token_ids: tuple[int, ...] = (eos,) if isinstance(eos, int) else ()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        if not self.has_chat_template:
+            raise InvalidRequestError("this model's tokenizer has no chat template; use /v1/completions",
+                                      param="messages")
+        try:
+            text = self.hf.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # jinja errors from user-controlled content are client errors
+            raise InvalidRequestError(f"chat template failed: {e}", param="messages") from e
+        return self.encode(text, add_special_tokens=False)
