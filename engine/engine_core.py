@@ -19,7 +19,7 @@ from engine.mem.base import NoPrefixCache, PrefixCache
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.models import load_model
-from engine.request import Request
+from engine.request import Abort, Request
 from engine.runner.attention import create_backend
 from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, sample
@@ -132,7 +132,7 @@ class EngineCore:
         self.requests[req.rid] = req
         self.scheduler.add(req)
 
-    def abort(self, rid: str, reason: str = "aborted") -> StepOutput | None:
+    def abort(self, rid: str, reason: Abort) -> StepOutput | None:
         req = self.scheduler.abort(rid, reason)
         if req is None:
             return None

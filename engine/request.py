@@ -9,6 +9,14 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True)
+class Abort:
+    """Why a request was aborted, and the HTTP status a client that is still listening should get."""
+
+    status: int
+    message: str
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

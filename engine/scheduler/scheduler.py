@@ -12,7 +12,7 @@ from collections import deque
 from engine.config import SchedulerConfig
 from engine.mem.allocator import PageAllocator
 from engine.mem.base import PrefixCache
-from engine.request import Request, Status
+from engine.request import Abort, Request, Status
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.kv_manager import KVManager
 from engine.scheduler.policy import order_waiting
@@ -33,7 +33,7 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.append(req)
 
-    def abort(self, rid: str, reason: str = "aborted") -> Request | None:
+    def abort(self, rid: str, reason: Abort) -> Request | None:
         """Remove the request wherever it is and release its pages; returns it (finished) or None."""
         for req in self.waiting:
             if req.rid == rid:

@@ -1,0 +1,180 @@
+"""Runs an EngineCore on its own thread and bridges it to asyncio, so the event loop never blocks on a forward
+pass. Commands (add, abort, calls) go in through a thread-safe queue; each step's outputs come back in one
+``call_soon_threadsafe`` and are fanned out to per-request asyncio queues."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from engine.engine_core import EngineCore, StepOutput
+from engine.request import Abort, Request, Status
+from engine.sampling_params import InvalidRequestError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full (HTTP 503)."""
+
+
+class EngineDead(RuntimeError):
+    """The engine thread stopped (HTTP 503)."""
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, on_outputs: Callable[[list[StepOutput]], None] | None = None) -> None:
+        self.core = core
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._streams: dict[str, asyncio.Queue[StepOutput]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._on_outputs = on_outputs
+        self.max_queued = core.cfg.scheduler.max_queued_requests
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort whatever is still in flight and stop the thread."""
+        for rid in list(self._streams):
+            self._inbox.put(("abort", (rid, Abort(503, "the server is shutting down"))))
+        self._stopping = True
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the engine thread ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        core = self.core
+        while True:
+            block = not core.has_work and not self._stopping
+            try:
+                cmds = [self._inbox.get(block=block, timeout=None if block else 0)]
+            except queue.Empty:
+                cmds = []
+            while True:
+                try:
+                    cmds.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            outputs: list[StepOutput] = []
+            for kind, arg in cmds:
+                self._apply(kind, arg, outputs)
+            if self._stopping and not core.has_work:
+                self._deliver(outputs)
+                return
+            try:
+                outputs.extend(core.step())
+            except Exception:  # a failed step must not take the server down: fail what was running
+                log.exception("engine step failed; aborting the running requests")
+                for req in list(core.scheduler.running):
+                    out = core.abort(req.rid, Abort(500, "internal error during the forward pass"))
+                    if out:
+                        outputs.append(out)
+            self._deliver(outputs)
+
+    def _apply(self, kind: str, arg: Any, outputs: list[StepOutput]) -> None:
+        core = self.core
+        if kind == "add":
+            try:
+                core.add_request(arg)
+            except Exception as e:  # noqa: BLE001 - reported to the request's stream
+                status = 400 if isinstance(e, InvalidRequestError) else 500
+                arg.status, arg.finish_reason, arg.finish_detail = Status.FINISHED, "abort", Abort(status, str(e))
+                outputs.append(StepOutput(arg, finished=True))
+        elif kind == "abort":
+            rid, reason = arg
+            out = core.abort(rid, reason)
+            if out:
+                outputs.append(out)
+        elif kind == "call":
+            fn, fut = arg
+            try:
+                result = fn(core)
+            except Exception as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                self._resolve(fut, exc=e)
+            else:
+                self._resolve(fut, result=result)
+
+    def _resolve(self, fut: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+        assert self._loop is not None
+
+        def done() -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+        self._loop.call_soon_threadsafe(done)
+
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        if outputs and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        if self._on_outputs is not None:
+            self._on_outputs(outputs)
+        for out in outputs:
+            q = self._streams.get(out.req.rid)
+            if q is not None:
+                q.put_nowait(out)
+
+    # -- the asyncio side ----------------------------------------------------------------------------------------
+    async def call(self, fn: Callable[[EngineCore], T]) -> T:
+        """Run ``fn(core)`` on the engine thread between steps and return its result."""
+        assert self._loop is not None
+        fut: asyncio.Future[T] = self._loop.create_future()
+        self._inbox.put(("call", (fn, fut)))
+        return await fut
+
+    def submit(self, reqs: list[Request]) -> asyncio.Queue[StepOutput]:
+        """Queue ``reqs`` (e.g. the n choices of one prompt); their outputs arrive on one shared queue."""
+        if not self.alive or self._stopping:
+            raise EngineDead("the engine is not running")
+        if len(self._streams) + len(reqs) > self.max_queued + self.core.cfg.scheduler.max_running_requests:
+            raise EngineOverloaded(f"{len(self._streams)} requests in flight; try again later")
+        q: asyncio.Queue[StepOutput] = asyncio.Queue()
+        for req in reqs:
+            self._streams[req.rid] = q
+            self._inbox.put(("add", req))
+        return q
+
+    def abort(self, rid: str, reason: Abort = Abort(499, "aborted by the client")) -> None:
+        if rid in self._streams:
+            self._inbox.put(("abort", (rid, reason)))
+
+    async def generate(self, reqs: list[Request]) -> AsyncIterator[StepOutput]:
+        """Yield the requests' outputs until all finish; leaving early (cancel, disconnect) aborts the rest."""
+        q = self.submit(reqs)
+        pending = {r.rid for r in reqs}
+        try:
+            while pending:
+                out = await q.get()
+                if out.finished:
+                    pending.discard(out.req.rid)
+                yield out
+        finally:
+            for req in reqs:
+                self._streams.pop(req.rid, None)
+            for rid in pending:
+                self._inbox.put(("abort", (rid, Abort(499, "the client went away"))))
+
+    # -- load --------------------------------------------------------------------------------------------------
+    def load(self) -> dict[str, int]:
+        s = self.core.scheduler
+        return {"running": len(s.running), "queued": len(s.waiting),
+                "kv_pages_used": self.core.allocator.used, "kv_pages_total": self.core.allocator.capacity}

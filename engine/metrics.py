@@ -1,0 +1,78 @@
+"""Prometheus metrics of a worker (names fixed by ARCHITECTURE.md, prefix ``splitserve_``). Gauges read the
+engine's state when scraped; counters and histograms are fed from each step's outputs on the event loop."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+from engine.engine_core import EngineCore, StepOutput
+
+disable_created_metrics()
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
+                    2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0)
+
+
+class EngineMetrics:
+    def __init__(self, core: EngineCore, role: str = "colocated", registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.role = role
+        r, lbl = self.registry, ["role"]
+        s = core.scheduler
+
+        def gauge(name: str, doc: str, fn: object) -> None:
+            Gauge(name, doc, lbl, registry=r).labels(role).set_function(fn)  # type: ignore[arg-type]
+
+        gauge("splitserve_num_running_reqs", "Requests admitted to the running batch", lambda: len(s.running))
+        gauge("splitserve_num_queue_reqs", "Requests waiting for admission", lambda: len(s.waiting))
+        gauge("splitserve_kv_pages_used", "KV pages in use (requests and prefix cache)",
+              lambda: core.allocator.used)
+        gauge("splitserve_kv_pages_total", "KV pages in the pool", lambda: core.allocator.capacity)
+        gauge("splitserve_radix_cache_evictable_size", "Cached tokens no request holds (evictable)",
+              lambda: core.cache.evictable_size)
+        gauge("splitserve_radix_cache_protected_size", "Cached tokens locked by in-flight requests",
+              lambda: core.cache.protected_size)
+        gauge("splitserve_prefix_cache_hit_rate", "Cached prompt tokens over prompt tokens, since start",
+              lambda: self._cached / self._prompt if self._prompt else 0.0)
+        self.prompt_tokens = Counter("splitserve_prompt_tokens", "Prompt tokens of finished requests", lbl,
+                                     registry=r).labels(role)
+        self.cached_tokens = Counter("splitserve_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
+                                     lbl, registry=r).labels(role)
+        self.generation_tokens = Counter("splitserve_generation_tokens", "Generated tokens", lbl,
+                                         registry=r).labels(role)
+        self.requests = Counter("splitserve_requests", "Finished requests by finish reason",
+                                lbl + ["finish_reason"], registry=r)
+        self.ttft = Histogram("splitserve_time_to_first_token_seconds", "Time to first token", lbl,
+                              buckets=_LATENCY_BUCKETS, registry=r).labels(role)
+        self.itl = Histogram("splitserve_inter_token_latency_seconds", "Time between consecutive output tokens",
+                             lbl, buckets=_LATENCY_BUCKETS, registry=r).labels(role)
+        self.e2e = Histogram("splitserve_e2e_request_latency_seconds", "Arrival to last token", lbl,
+                             buckets=_LATENCY_BUCKETS, registry=r).labels(role)
+        self._prompt = 0
+        self._cached = 0
+        self._last_token: dict[str, float] = {}
+
+    def observe(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            req = out.req
+            if out.new_token_ids:
+                self.generation_tokens.inc(len(out.new_token_ids))
+                now = req.last_token_time or 0.0
+                prev = self._last_token.get(req.rid)
+                if prev is None:
+                    if req.first_token_time is not None:
+                        self.ttft.observe(req.first_token_time - req.arrival)
+                else:
+                    self.itl.observe(now - prev)
+                self._last_token[req.rid] = now
+            if out.finished:
+                self._last_token.pop(req.rid, None)
+                self.requests.labels(self.role, req.finish_reason or "unknown").inc()
+                if req.finish_reason != "abort" or req.output_ids:
+                    self._prompt += len(req.prompt_ids)
+                    self._cached += req.cached_tokens or 0
+                    self.prompt_tokens.inc(len(req.prompt_ids))
+                    self.cached_tokens.inc(req.cached_tokens or 0)
+                if req.last_token_time is not None:
+                    self.e2e.observe(req.last_token_time - req.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""The HTTP API (OpenAI-compatible and SGLang-style /generate) over an engine."""

@@ -1,0 +1,144 @@
+"""The FastAPI application: the HTTP surface of ARCHITECTURE.md over a ServingContext. Worker roles build
+the same app and add their own routes."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
+from engine.config import ServerConfig
+from engine.sampling_params import SamplingParams
+from engine.server import generate_api, openai_api
+from engine.server.errors import error_response, install_error_handlers
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from engine.server.serving import ServingContext, collect
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
+
+
+def build_app(ctx: ServingContext, server_cfg: ServerConfig,
+              on_start: Callable[[], Awaitable[None]] | None = None,
+              on_stop: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        ctx.engine.start()
+        if on_start is not None:
+            await on_start()
+        yield
+        if on_stop is not None:
+            await on_stop()
+        await ctx.engine.shutdown()
+
+    app = FastAPI(title="SplitServe", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def guard(request: HTTPRequest, call_next):  # noqa: ANN001, ANN202
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return error_response(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
+        if server_cfg.api_key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {server_cfg.api_key}".encode()):
+                return error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                      "invalid_api_key")
+        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
+            # Bodies are always JSON; accept them without the header (curl -d sends form encoding).
+            request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [
+                (b"content-type", b"application/json")]
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not ctx.engine.alive:
+            return error_response(503, "the engine thread is not running", "engine_dead")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate(request: HTTPRequest) -> Response:
+        req = ctx.core.make_request([ctx.core.arch.bos_token_id or 0], SamplingParams(max_new_tokens=1),
+                                    rid=f"health-{time.monotonic_ns()}", detokenize=False)
+        try:
+            await asyncio.wait_for(collect(request, ctx, [req]), server_cfg.health_generate_timeout)
+        except asyncio.TimeoutError:
+            return error_response(503, f"no token within {server_cfg.health_generate_timeout}s", "unhealthy")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": ctx.core.served_model_name, "object": "model", "created": int(ctx.started),
+            "owned_by": "splitserve", "root": str(ctx.core.model_dir), "max_model_len": ctx.core.context_length}]})
+
+    @app.get("/get_model_info")
+    async def model_info() -> Response:
+        core = ctx.core
+        return JSONResponse({"model_path": str(core.model_dir), "served_model_name": core.served_model_name,
+                             "architecture": core.arch.architecture, "is_generation": True,
+                             "context_length": core.context_length, "vocab_size": core.arch.vocab_size,
+                             "dtype": str(core.dtype).replace("torch.", "")})
+
+    @app.get("/get_server_info")
+    async def server_info() -> Response:
+        core = ctx.core
+        return JSONResponse({
+            "role": ctx.role, "version": _version(), "uptime_s": time.time() - ctx.started,
+            "model": model_dict(core.cfg.model), "cache": model_dict(core.cfg.cache),
+            "scheduler": model_dict(core.cfg.scheduler), "device": str(core.device),
+            "kv_pages_total": core.allocator.capacity, "page_size": core.kv_shape.page_size,
+            "context_length": core.context_length, "load": ctx.engine.load()})
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        return JSONResponse(ctx.engine.load())
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> Response:
+        flushed = await ctx.engine.call(lambda core: core.flush_cache())
+        return JSONResponse({"flushed_tokens": flushed})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: HTTPRequest) -> Response:
+        return await openai_api.create_completion(body, request, ctx)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: HTTPRequest) -> Response:
+        return await openai_api.create_chat_completion(body, request, ctx)
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, request: HTTPRequest) -> Response:
+        return await generate_api.generate(body, request, ctx)
+
+    @app.post("/abort_request")
+    async def abort_request(request: HTTPRequest) -> Response:
+        rid = (await request.json()).get("rid")
+        if not isinstance(rid, str):
+            return error_response(400, "body must be {\"rid\": \"...\"}", "invalid_request", "rid")
+        ctx.engine.abort(rid)
+        return JSONResponse({"rid": rid, "aborted": True})
+
+    return app
+
+
+def model_dict(cfg: object) -> dict:
+    import dataclasses
+    return dataclasses.asdict(cfg)  # type: ignore[call-overload]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("splitserve")
+    except PackageNotFoundError:
+        return "dev"

@@ -1,0 +1,166 @@
+"""/v1/completions and /v1/chat/completions, streamed (SSE ending in ``data: [DONE]``) and not."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.request import Request
+from engine.sampler import TokenLogprob
+from engine.sampling_params import InvalidRequestError
+from engine.server.errors import APIError, sse_error
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
+                                   request_id, stream_outputs, usage)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _completion_prompts(ctx: ServingContext, prompt: object) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [prompt_from_text(ctx, prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    if isinstance(prompt, list) and prompt:
+        return [prompt_from_text(ctx, p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+    raise InvalidRequestError("prompt must be a non-empty string, list of strings, or list of token ids",
+                              param="prompt")
+
+
+def _legacy_logprobs(ctx: ServingContext, lps: list[TokenLogprob], offset: int) -> dict:
+    tok = ctx.core.tokenizer
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for lp in lps:
+        text = tok.token_text(lp.token_id)
+        tokens.append(text)
+        token_lps.append(lp.logprob)
+        tops.append({tok.token_text(t): v for t, v in lp.top} if lp.top else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(ctx: ServingContext, lps: list[TokenLogprob]) -> dict:
+    tok = ctx.core.tokenizer
+
+    def entry(t: int, v: float) -> dict:
+        text = tok.token_text(t)
+        return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8"))}
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in lps]}
+
+
+def _finish_reason(req: Request) -> str | None:
+    return req.finish_reason if req.finish_reason in ("stop", "length") else None
+
+
+async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
+    ctx.check_model(body.model)
+    if body.echo or body.suffix:
+        raise APIError(400, "echo and suffix are not supported", "unsupported_parameter",
+                       "echo" if body.echo else "suffix")
+    prompts = _completion_prompts(ctx, body.prompt)
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    params = body.sampling_params(max_tokens, body.logprobs)
+    rid = request_id(http, body, "cmpl")
+    reqs = build_requests(ctx, prompts, params, body.n, rid, body)
+    index = {r.rid: i for i, r in enumerate(reqs)}
+    created = int(time.time())
+    base = {"id": rid, "object": "text_completion", "created": created, "model": ctx.core.served_model_name}
+    if body.stream:
+        return StreamingResponse(_stream_completion(ctx, reqs, index, base, body.include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    outputs = await collect(http, ctx, reqs)
+    texts = {r.rid: "" for r in reqs}
+    lps: dict[str, list[TokenLogprob]] = {r.rid: [] for r in reqs}
+    for out in outputs:
+        texts[out.req.rid] += out.new_text
+        lps[out.req.rid].extend(out.logprobs)
+    choices = [{"index": index[r.rid], "text": texts[r.rid],
+                "logprobs": _legacy_logprobs(ctx, lps[r.rid], 0) if body.logprobs is not None else None,
+                "finish_reason": _finish_reason(r)} for r in reqs]
+    return JSONResponse({**base, "choices": choices, "usage": usage(reqs)})
+
+
+async def _stream_completion(ctx: ServingContext, reqs: list[Request], index: dict[str, int], base: dict,
+                             include_usage: bool) -> AsyncIterator[str]:
+    offsets = {r.rid: 0 for r in reqs}
+    async for out in stream_outputs(ctx, reqs):
+        err = abort_error(out.req)
+        if err is not None:
+            yield sse_error(err.status, err.message, err.code)
+            return
+        if not out.new_text and not out.finished and not out.logprobs:
+            continue
+        rid = out.req.rid
+        choice = {"index": index[rid], "text": out.new_text,
+                  "logprobs": _legacy_logprobs(ctx, out.logprobs, offsets[rid]) if out.req.sampling.logprobs
+                  is not None else None,
+                  "finish_reason": _finish_reason(out.req) if out.finished else None}
+        offsets[rid] += len(out.new_text)
+        yield _sse({**base, "choices": [choice]})
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": usage(reqs)})
+    yield "data: [DONE]\n\n"
+
+
+async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
+    ctx.check_model(body.model)
+    if not body.messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    ids = ctx.core.tokenizer.apply_chat_template([m.as_template_dict() for m in body.messages],
+                                                 body.add_generation_prompt)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = body.sampling_params(max_tokens, logprobs)
+    rid = request_id(http, body, "chatcmpl")
+    reqs = build_requests(ctx, [ids], params, body.n, rid, body)
+    index = {r.rid: i for i, r in enumerate(reqs)}
+    base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
+    if body.stream:
+        return StreamingResponse(_stream_chat(ctx, reqs, index, base, body.include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    outputs = await collect(http, ctx, reqs)
+    texts = {r.rid: "" for r in reqs}
+    lps: dict[str, list[TokenLogprob]] = {r.rid: [] for r in reqs}
+    for out in outputs:
+        texts[out.req.rid] += out.new_text
+        lps[out.req.rid].extend(out.logprobs)
+    choices = [{"index": index[r.rid], "message": {"role": "assistant", "content": texts[r.rid]},
+                "logprobs": _chat_logprobs(ctx, lps[r.rid]) if logprobs is not None else None,
+                "finish_reason": _finish_reason(r)} for r in reqs]
+    return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": usage(reqs)})
+
+
+async def _stream_chat(ctx: ServingContext, reqs: list[Request], index: dict[str, int], base: dict,
+                       include_usage: bool) -> AsyncIterator[str]:
+    base = {**base, "object": "chat.completion.chunk"}
+    for r in reqs:
+        yield _sse({**base, "choices": [{"index": index[r.rid], "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+    async for out in stream_outputs(ctx, reqs):
+        err = abort_error(out.req)
+        if err is not None:
+            yield sse_error(err.status, err.message, err.code)
+            return
+        if not out.new_text and not out.finished and not out.logprobs:
+            continue
+        delta = {"content": out.new_text} if out.new_text else {}
+        choice = {"index": index[out.req.rid], "delta": delta,
+                  "logprobs": _chat_logprobs(ctx, out.logprobs) if out.req.sampling.logprobs is not None
+                  else None,
+                  "finish_reason": _finish_reason(out.req) if out.finished else None}
+        yield _sse({**base, "choices": [choice]})
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": usage(reqs)})
+    yield "data: [DONE]\n\n"

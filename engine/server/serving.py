@@ -1,0 +1,121 @@
+"""What every endpoint shares: the serving context, turning prompts into engine requests, running them with
+client-disconnect handling, and mapping aborted requests to HTTP errors."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from fastapi import Request as HTTPRequest
+
+from engine.async_engine import AsyncEngine
+from engine.engine_core import StepOutput
+from engine.metrics import EngineMetrics
+from engine.request import Abort, Request
+from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.server.errors import APIError
+from engine.server.protocol import RoutingFields
+
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncEngine
+    metrics: EngineMetrics
+    role: str = "colocated"
+    # Role hook: checks/attaches the routing fields (PD bootstrap) to each request before it is queued.
+    prepare: Callable[[Request, RoutingFields], None] | None = None
+    started: float = field(default_factory=time.time)
+
+    @property
+    def core(self):  # noqa: ANN201 - EngineCore; untyped to keep the import graph acyclic for workers
+        return self.engine.core
+
+    def check_model(self, name: str | None) -> None:
+        served = self.core.served_model_name
+        if name is not None and name not in (served, str(self.core.model_dir)):
+            raise APIError(400, f"model {name!r} is not served here; this server serves {served!r}",
+                           "model_not_found", "model")
+
+
+def request_id(http: HTTPRequest, body: RoutingFields, prefix: str) -> str:
+    return body.rid or http.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
+
+
+def build_requests(ctx: ServingContext, prompts: list[list[int]], params: SamplingParams, n: int, rid: str,
+                   body: RoutingFields) -> list[Request]:
+    """One request per (prompt, choice); choices after the first share the first one's cached prompt pages."""
+    reqs: list[Request] = []
+    for p, ids in enumerate(prompts):
+        leader = None
+        for i in range(n):
+            sub = rid if len(prompts) * n == 1 else f"{rid}-{p}-{i}"
+            req = ctx.core.make_request(ids, params, rid=sub, extra_key=body.namespace, priority=body.priority,
+                                        choice=i, group_leader=leader)
+            if ctx.prepare is not None:
+                ctx.prepare(req, body)
+            leader = leader or req
+            reqs.append(req)
+    return reqs
+
+
+def abort_error(req: Request) -> APIError | None:
+    """The error a still-listening client gets for an aborted request (never a partial 200)."""
+    if req.finish_reason != "abort":
+        return None
+    detail = req.finish_detail
+    if isinstance(detail, Abort):
+        return APIError(detail.status if detail.status != 499 else 500, detail.message, "request_aborted")
+    return APIError(500, f"request aborted: {detail}", "request_aborted")
+
+
+async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> list[StepOutput]:
+    """Run to completion; if the client disconnects first, abort the requests and stop."""
+    outputs: list[StepOutput] = []
+
+    async def consume() -> None:
+        async for out in ctx.engine.generate(reqs):
+            outputs.append(out)
+
+    task = asyncio.ensure_future(consume())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await http.is_disconnected():
+                task.cancel()
+                break
+        await task
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    for req in reqs:
+        err = abort_error(req)
+        if err is not None:
+            raise err
+    return outputs
+
+
+async def stream_outputs(ctx: ServingContext, reqs: list[Request]) -> AsyncIterator[StepOutput]:
+    """Outputs as they come; the caller turns an aborted request into an error event."""
+    async for out in ctx.engine.generate(reqs):
+        yield out
+
+
+def usage(reqs: list[Request]) -> dict:
+    """OpenAI usage; a prompt shared by n choices counts once."""
+    leaders = [r for r in reqs if r.group_leader is None]
+    prompt = sum(len(r.prompt_ids) for r in leaders)
+    completion = sum(len(r.output_ids) for r in reqs)
+    cached = sum(r.cached_tokens or 0 for r in leaders)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def prompt_from_text(ctx: ServingContext, text: str) -> list[int]:
+    ids = ctx.core.tokenizer.encode(text)
+    if not ids:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    return ids
