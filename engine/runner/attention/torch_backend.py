@@ -1,5 +1,6 @@
-"""Paged attention in plain torch, for CPU and CUDA: decodes are batched over a padded page table, each
-extend (prefill chunk) attends over its cached prefix plus itself with a causal mask."""
+"""Paged attention for CPU and CUDA built on torch: each extend (prefill chunk) attends over its cached prefix
+plus itself with a causal mask (SDPA); decodes are batched. On CPU, decodes use the native kernel of
+cpu_kernels.py (reads pages in place); elsewhere, or without a compiler, they gather a padded page table."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ import torch.nn.functional as F
 
 from engine.mem.kv_pool import KVPool
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
+from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -19,13 +21,14 @@ class TorchAttentionBackend(AttentionBackend):
         self._decode_slots = torch.empty(0, dtype=torch.long)
         self._decode_mask = torch.empty(0, dtype=torch.bool)
         self._extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
+        self._native = decode_kernel() if pool.data.device.type == "cpu" else None
 
     def begin(self, meta: AttentionMeta) -> None:
         self._meta = meta
         device = self.pool.data.device
         p = self.page_size
         offsets = torch.arange(p, device=device)
-        if meta.num_decode:
+        if meta.num_decode and self._native is None:
             table = meta.decode_page_table
             slots = (table.unsqueeze(-1) * p + offsets).reshape(table.shape[0], -1)
             width = int(meta.decode_kv_lens.max())
@@ -50,7 +53,10 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache.index_copy_(0, meta.out_slots, v)
         out = torch.empty_like(q)
         nd = meta.num_decode
-        if nd:
+        if nd and self._native is not None:
+            out[:nd] = decode_attention(self._native, q[:nd].contiguous(), k_cache, v_cache, meta.decode_page_table,
+                                        meta.decode_kv_lens, self.page_size, self.scale)
+        elif nd:
             qd = q[:nd].unsqueeze(2)  # [B, H, 1, D]
             kd = k_cache[self._decode_slots].transpose(1, 2)  # [B, KVH, L, D]
             vd = v_cache[self._decode_slots].transpose(1, 2)

@@ -1,0 +1,133 @@
+/* Paged decode attention for CPUs: one query token per sequence, K/V read straight from the pages of the
+ * pool (no gather copy), online softmax in float32 a page at a time, the query heads that share a KV head
+ * processed together so every K/V row is read once. Parallel over (sequence, kv head) with OpenMP.
+ *
+ * Layout: k_cache/v_cache [num_slots, kv_heads, head_dim]; slot = page * page_size + offset.
+ * q/out [batch, heads, head_dim]; page_table [batch, max_pages] (int64); kv_lens [batch] (int64).
+ * dtype: 0 = float32, 1 = bfloat16, 2 = float16. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 16
+#define MAX_PAGE 256
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = ((uint32_t)h) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+/* Copy n rows of head_dim elements (row stride `stride` elements) to a dense float buffer. */
+static void rows_to_f32(const void *base, int64_t off, int64_t stride, int n, int head_dim, int dtype,
+                        float *dst) {
+    for (int r = 0; r < n; r++) {
+        const int64_t o = off + r * stride;
+        float *d = dst + (int64_t)r * head_dim;
+        if (dtype == 0) {
+            memcpy(d, (const float *)base + o, (size_t)head_dim * sizeof(float));
+        } else if (dtype == 1) {
+            const uint16_t *s = (const uint16_t *)base + o;
+            for (int i = 0; i < head_dim; i++) d[i] = bf16_to_f32(s[i]);
+        } else {
+            const _Float16 *s = (const _Float16 *)base + o;
+            for (int i = 0; i < head_dim; i++) d[i] = (float)s[i];
+        }
+    }
+}
+
+int splitserve_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
+                                const int64_t *page_table, const int64_t *kv_lens, int batch, int num_heads,
+                                int num_kv_heads, int head_dim, int page_size, int max_pages, float scale,
+                                int dtype, int num_threads) {
+    if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_GROUP ||
+        page_size > MAX_PAGE)
+        return -1;
+    const int group = num_heads / num_kv_heads;
+    const int64_t stride = (int64_t)num_kv_heads * head_dim; /* elements between consecutive slots */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    for (int b = 0; b < batch; b++) {
+        for (int kvh = 0; kvh < num_kv_heads; kvh++) {
+            float qf[MAX_GROUP][MAX_HEAD_DIM];
+            float acc[MAX_GROUP][MAX_HEAD_DIM];
+            float mx[MAX_GROUP], denom[MAX_GROUP];
+            float s[MAX_GROUP][MAX_PAGE];
+            float kbuf[MAX_PAGE * MAX_HEAD_DIM], vbuf[MAX_PAGE * MAX_HEAD_DIM];
+            const int64_t qrow = (int64_t)b * num_heads + (int64_t)kvh * group;
+            rows_to_f32(q, qrow * head_dim, head_dim, group, head_dim, dtype, &qf[0][0]);
+            for (int g = 0; g < group; g++) {
+                if (g) memmove(qf[g], &qf[0][0] + (int64_t)g * head_dim, (size_t)head_dim * sizeof(float));
+            }
+            for (int g = 0; g < group; g++) {
+                for (int d = 0; d < head_dim; d++) { qf[g][d] *= scale; acc[g][d] = 0.f; }
+                mx[g] = -INFINITY;
+                denom[g] = 0.f;
+            }
+            const int64_t len = kv_lens[b];
+            const int64_t *pages = page_table + (int64_t)b * max_pages;
+            for (int64_t start = 0; start < len; start += page_size) {
+                const int n = (int)((len - start) < page_size ? (len - start) : page_size);
+                const int64_t off = pages[start / page_size] * page_size * stride + (int64_t)kvh * head_dim;
+                const float *kr, *vr;
+                int64_t rs; /* row stride of kr/vr in floats */
+                if (dtype == 0) {
+                    kr = (const float *)k_cache + off;
+                    vr = (const float *)v_cache + off;
+                    rs = stride;
+                } else {
+                    rows_to_f32(k_cache, off, stride, n, head_dim, dtype, kbuf);
+                    rows_to_f32(v_cache, off, stride, n, head_dim, dtype, vbuf);
+                    kr = kbuf;
+                    vr = vbuf;
+                    rs = head_dim;
+                }
+                for (int g = 0; g < group; g++) {
+                    const float *qg = qf[g];
+                    float m = mx[g];
+                    for (int t = 0; t < n; t++) {
+                        const float *k = kr + t * rs;
+                        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                        for (int d = 0; d < head_dim; d++) dot += qg[d] * k[d];
+                        s[g][t] = dot;
+                        if (dot > m) m = dot;
+                    }
+                    const float c = expf(mx[g] - m);
+                    float *a = acc[g];
+                    float den = denom[g] * c;
+#pragma omp simd
+                    for (int d = 0; d < head_dim; d++) a[d] *= c;
+                    for (int t = 0; t < n; t++) {
+                        const float p = expf(s[g][t] - m);
+                        const float *v = vr + t * rs;
+                        den += p;
+#pragma omp simd
+                        for (int d = 0; d < head_dim; d++) a[d] += p * v[d];
+                    }
+                    mx[g] = m;
+                    denom[g] = den;
+                }
+            }
+            for (int g = 0; g < group; g++) {
+                const int64_t o = (qrow + g) * head_dim;
+                const float inv = denom[g] > 0.f ? 1.f / denom[g] : 0.f;
+                for (int d = 0; d < head_dim; d++) {
+                    const float v = acc[g][d] * inv;
+                    if (dtype == 0) ((float *)out)[o + d] = v;
+                    else if (dtype == 1) ((uint16_t *)out)[o + d] = f32_to_bf16(v);
+                    else ((_Float16 *)out)[o + d] = (_Float16)v;
+                }
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,41 @@
+"""Fixtures for engine tests: the built-in tiny model, cores sized for tests, and a shared colocated server."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.engine_core import EngineCore
+from engine.tiny_model import ensure_tiny_model
+from tests.helpers import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return ensure_tiny_model()
+
+
+def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 8192, chunk: int = 512,
+              max_prefill_tokens: int = 4096, disable_radix_cache: bool = False, max_running: int = 128,
+              policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32") -> EngineCore:
+    return EngineCore(EngineConfig(
+        ModelConfig(model_path=str(model_dir), dtype=dtype),
+        CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
+                    disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
+        SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
+                        max_running_requests=max_running, schedule_policy=policy)))
+
+
+@pytest.fixture(scope="session")
+def tiny_core(tiny_model_dir: Path) -> EngineCore:
+    return make_core(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess("engine", ["--model-path", str(tiny_model_dir), "--max-total-tokens", "16384",
+                                   "--page-size", "4", "--chunked-prefill-size", "64"]).wait_ready()
+    yield srv
+    srv.stop()
