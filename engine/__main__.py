@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = EngineMetrics(core, role="colocated")
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics)
     log.info("serving %s on http://%s:%d", core.served_model_name, server_cfg.host, server_cfg.port)
-    run(build_app(ctx, server_cfg), server_cfg)
+    run(build_app(ctx, server_cfg), server_cfg, before_grace_ends=ctx.engine.abort_all)
 
 
 if __name__ == "__main__":

@@ -43,10 +43,13 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
+    def abort_all(self, reason: Abort = Abort(503, "the server is shutting down")) -> None:
+        for rid in list(self._streams):
+            self._inbox.put(("abort", (rid, reason)))
+
     async def shutdown(self) -> None:
         """Abort whatever is still in flight and stop the thread."""
-        for rid in list(self._streams):
-            self._inbox.put(("abort", (rid, Abort(503, "the server is shutting down"))))
+        self.abort_all()
         self._stopping = True
         self._inbox.put(("wake", None))
         if self._thread is not None:

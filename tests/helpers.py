@@ -79,6 +79,12 @@ class ServerProcess:
         self._log.flush()
         return self.log_path.read_text()[-5000:]
 
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """Wait for the process to exit on its own (e.g. after a signal the test sent)."""
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import ServerConfig
 from engine.sampling_params import SamplingParams
@@ -39,21 +40,7 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     app.state.ctx = ctx
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def guard(request: HTTPRequest, call_next):  # noqa: ANN001, ANN202
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return error_response(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")
-        if server_cfg.api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {server_cfg.api_key}".encode()):
-                return error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                                      "invalid_api_key")
-        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
-            # Bodies are always JSON; accept them without the header (curl -d sends form encoding).
-            request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [
-                (b"content-type", b"application/json")]
-        return await call_next(request)
+    app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key)
 
     @app.get("/health")
     async def health() -> Response:
@@ -129,6 +116,36 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
         return JSONResponse({"rid": rid, "aborted": True})
 
     return app
+
+
+class GuardMiddleware:
+    """Pure ASGI (so streaming and disconnect detection pass straight through): refuses oversized bodies (413)
+    and missing API keys (401), and treats every POST body as JSON whatever its content-type says (curl -d)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            await error_response(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")(
+                scope, receive, send)
+            return
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                await error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                     "invalid_api_key")(scope, receive, send)
+                return
+        if scope["method"] == "POST" and b"json" not in headers.get(b"content-type", b""):
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
+                (b"content-type", b"application/json")]
+        await self.app(scope, receive, send)
 
 
 def model_dict(cfg: object) -> dict:

@@ -3,7 +3,11 @@ dataclasses, logging set-up, and running uvicorn with graceful shutdown."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import signal
+from collections.abc import Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -33,7 +37,39 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def run(app: FastAPI, cfg: ServerConfig) -> None:
+class _Server(uvicorn.Server):
+    before_grace_ends: Callable[[], None] | None = None
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        """Just before the grace period ends, ``before_grace_ends`` aborts what is still running, so those
+        clients get a JSON 503 instead of a cut connection."""
+        grace = self.config.timeout_graceful_shutdown or 0
+        timer = None
+        if self.before_grace_ends is not None and grace:
+            timer = asyncio.get_running_loop().call_later(max(0.0, grace - 0.5), self.before_grace_ends)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM start a graceful shutdown (a second one forces it); afterwards the process exits
+        normally with status 0 (uvicorn would re-raise the signal)."""
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run(app: FastAPI, cfg: ServerConfig, before_grace_ends: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM; in-flight requests get ``shutdown_timeout`` seconds to finish."""
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level if cfg.log_level != "debug" else "info",
-                timeout_graceful_shutdown=int(cfg.shutdown_timeout), access_log=cfg.log_level == "debug")
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                            timeout_graceful_shutdown=max(1, int(cfg.shutdown_timeout)),
+                            access_log=cfg.log_level == "debug")
+    server = _Server(config)
+    server.before_grace_ends = before_grace_ends
+    server.run()
