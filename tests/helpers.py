@@ -40,7 +40,7 @@ def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool 
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # give norms and biases non-trivial values so bugs in them show
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

@@ -42,7 +42,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def reference(checkpoint: Path):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     model.generation_config.eos_token_id = None  # never stop early: compare exactly NEW_TOKENS tokens
     return model.eval()
 

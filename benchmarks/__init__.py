@@ -1,0 +1,1 @@
+"""Benchmarks: each compares against baselines measured in the same run and prints ratios."""

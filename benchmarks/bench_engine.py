@@ -1,0 +1,194 @@
+"""Engine benchmark: our engine against transformers on the same model, prompts and threads, in one run.
+
+Workload: N requests of P random prompt tokens and O output tokens (EOS ignored, greedy). Baselines: transformers
+``model.generate`` in static batches of 16, and transformers' continuous batching (``generate_batch``). Also the
+machine's floors (matmul GFLOP/s, copy GB/s measured now), decode CPU overhead per step on the tiny model at
+batch 64, and prefix reuse (TTFT with the radix cache vs --disable-radix-cache on a shared system prompt).
+
+    python -m benchmarks.bench_engine --models tiny 150m --dtypes float32 bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import copy_gbps, machine, matmul_gflops, model_dir, table, write_json
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.engine_core import EngineCore
+from engine.sampling_params import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def prompts_for(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def make_core(path: Path, dtype: str, threads: int, n: int, tokens: int, radix: bool = True) -> EngineCore:
+    return EngineCore(EngineConfig(
+        ModelConfig(model_path=str(path), dtype=dtype, num_threads=threads),
+        CacheConfig(max_total_tokens=n * tokens + 4096, disable_radix_cache=not radix),
+        SchedulerConfig(max_running_requests=n, chunked_prefill_size=512, max_prefill_tokens=4096)))
+
+
+def run_ours(path: Path, dtype: str, threads: int, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
+    core = make_core(path, dtype, threads, len(prompts), len(prompts[0]) + out_len, radix=False)
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    warm = [core.make_request(p[:32], SamplingParams(max_new_tokens=2, **greedy), detokenize=False)
+            for p in prompts[:4]]
+    core.run_to_completion(warm)
+    reqs = [core.make_request(p, SamplingParams(max_new_tokens=1, **greedy), detokenize=False) for p in prompts]
+    t = time.perf_counter()
+    core.run_to_completion(reqs)
+    prefill_s = time.perf_counter() - t
+    model_time = [0.0]
+    last: list[Any] = [None]
+    forward, schedule = core.model.forward, core.scheduler.schedule
+
+    def timed_forward(*a: Any, **k: Any) -> torch.Tensor:
+        s = time.perf_counter()
+        out = forward(*a, **k)
+        model_time[0] += time.perf_counter() - s
+        return out
+
+    def recorded_schedule() -> Any:
+        last[0] = schedule()
+        return last[0]
+    core.model.forward = timed_forward  # type: ignore[method-assign]
+    core.scheduler.schedule = recorded_schedule  # type: ignore[method-assign]
+    reqs = [core.make_request(p, SamplingParams(max_new_tokens=out_len, **greedy)) for p in prompts]
+    for r in reqs:
+        core.add_request(r)
+    decode_steps: dict[int, list[tuple[float, float]]] = {}
+    t0 = time.perf_counter()
+    while core.has_work:
+        model_time[0] = 0.0
+        s = time.perf_counter()
+        core.step()
+        dt = time.perf_counter() - s
+        batch = last[0]
+        if batch is not None and batch.num_tokens == len(batch.seqs):  # a pure decode step
+            decode_steps.setdefault(len(batch.seqs), []).append((dt, dt - model_time[0]))
+    wall = time.perf_counter() - t0
+    n_out = sum(len(r.output_ids) for r in reqs)
+    full = decode_steps.get(len(prompts), [])
+    return {
+        "prefill_tok_s": sum(map(len, prompts)) / prefill_s,
+        "decode_tok_s_at_full_batch": len(prompts) * len(full) / sum(d for d, _ in full) if full else None,
+        "decode_step_ms_at_full_batch": 1e3 * sum(d for d, _ in full) / len(full) if full else None,
+        "decode_overhead_ms_at_full_batch": 1e3 * sum(o for _, o in full) / len(full) if full else None,
+        "decode_tok_s_by_batch": {b: b * len(v) / sum(d for d, _ in v) for b, v in sorted(decode_steps.items())},
+        "wall_s": wall, "output_tok_s": n_out / wall,
+    }
+
+
+def run_hf_static(path: Path, dtype: str, prompts: list[list[int]], out_len: int, batch: int = 16) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    model.generation_config.eos_token_id = None
+    groups = [torch.tensor(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
+    with torch.no_grad():
+        model.generate(groups[0][:2, :16], max_new_tokens=2, do_sample=False, pad_token_id=0)
+        t = time.perf_counter()
+        for g in groups:
+            model.generate(g, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        prefill_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for g in groups:
+            model.generate(g, max_new_tokens=out_len, do_sample=False, pad_token_id=0)
+        wall = time.perf_counter() - t
+    decode_step = (wall - prefill_s) / (out_len - 1) / len(groups)
+    return {"prefill_tok_s": sum(map(len, prompts)) / prefill_s, "decode_step_ms_at_batch": 1e3 * decode_step,
+            "decode_tok_s": batch / decode_step, "wall_s": wall, "output_tok_s": len(prompts) * out_len / wall}
+
+
+def run_hf_cb(path: Path, dtype: str, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    cfg = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate_batch(inputs=prompts, generation_config=cfg)
+    wall = time.perf_counter() - t
+    n_out = sum(len(o.generated_tokens) for o in out.values())
+    return {"wall_s": wall, "output_tok_s": n_out / wall}
+
+
+def prefix_reuse(threads: int, system_len: int = 2000, suffix_len: int = 100, n: int = 8) -> dict[str, Any]:
+    path = model_dir("tiny")
+    rng = random.Random(1)
+    system = [rng.randrange(10, 4000) for _ in range(system_len)]
+    prompts = [system + [rng.randrange(10, 4000) for _ in range(suffix_len)] for _ in range(n + 1)]
+    result = {}
+    for radix in (True, False):
+        core = make_core(path, "float32", threads, n + 1, system_len + suffix_len + 8, radix=radix)
+        ttfts = []
+        for i, p in enumerate(prompts):
+            req = core.make_request(p, SamplingParams(max_new_tokens=1, temperature=0.0), detokenize=False)
+            core.run_to_completion([req])
+            if i:  # the first request warms the cache (and the process)
+                ttfts.append(req.first_token_time - req.arrival)
+        result["radix" if radix else "no_radix"] = sum(ttfts) / len(ttfts)
+    result["ratio"] = result["radix"] / result["no_radix"]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["tiny", "150m"], choices=["tiny", "150m"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
+    ap.add_argument("--baselines", nargs="*", default=["static", "cb"], choices=["static", "cb"])
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-prefix-reuse", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    floors = {"matmul_gflops_f32_m64": matmul_gflops(64, 768, 3072, torch.float32),
+              "matmul_gflops_f32_m512": matmul_gflops(512, 768, 3072, torch.float32),
+              "matmul_gflops_bf16_m64": matmul_gflops(64, 768, 3072, torch.bfloat16),
+              "copy_gbps": copy_gbps()}
+    print(table([floors], list(floors)))
+    rows: list[dict[str, Any]] = []
+    for name in args.models:
+        path = model_dir(name)
+        params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+            path / "model.safetensors").values()) if (path / "model.safetensors").is_file() else None
+        for dtype in args.dtypes:
+            prompts = prompts_for(args.num_requests, args.prompt_len, 4000)
+            peak = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m512"]
+            job_flops = 2 * (params or 0) * args.num_requests * (args.prompt_len + args.output_len)
+            base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9}
+            ours = run_ours(path, dtype, args.threads, prompts, args.output_len)
+            rows.append({**base, "system": "splitserve", **ours})
+            print(f"{name} {dtype} splitserve: {ours}")
+            if "static" in args.baselines:
+                rows.append({**base, "system": "hf-static-16", **run_hf_static(path, dtype, prompts,
+                                                                               args.output_len)})
+                print(rows[-1])
+            if "cb" in args.baselines:
+                rows.append({**base, "system": "hf-generate_batch", **run_hf_cb(path, dtype, prompts,
+                                                                                args.output_len)})
+                print(rows[-1])
+    print(table(rows, ["model", "dtype", "system", "wall_s", "output_tok_s", "prefill_tok_s",
+                       "decode_tok_s_at_full_batch", "decode_overhead_ms_at_full_batch", "job_floor_s"]))
+    prefix = None if args.skip_prefix_reuse else prefix_reuse(args.threads)
+    if prefix:
+        print(f"prefix reuse TTFT: radix {prefix['radix'] * 1e3:.1f} ms, no radix {prefix['no_radix'] * 1e3:.1f} ms, "
+              f"ratio {prefix['ratio']:.3f}")
+    write_json(args.out, {"config": vars(args), "machine": machine(), "floors": floors, "runs": rows,
+                          "prefix_reuse": prefix})
+
+
+if __name__ == "__main__":
+    main()

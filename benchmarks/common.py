@@ -1,0 +1,86 @@
+"""Shared by the benchmarks: machine floors measured in the run, model folders, result output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.tiny_model import default_cache_dir, ensure_tiny_model
+
+# The ~150M-parameter Llama of the engine benchmark (random weights).
+LLAMA_150M = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
+
+
+def model_dir(name: str) -> Path:
+    """'tiny' is the built-in model; '150m' is written once (random weights, the tiny model's tokenizer)."""
+    tiny = ensure_tiny_model()
+    if name == "tiny":
+        return tiny
+    if name != "150m":
+        raise ValueError(f"unknown benchmark model {name!r} (tiny, 150m)")
+    out = default_cache_dir() / "bench-llama-150m"
+    if (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**LLAMA_150M, initializer_range=0.1, tie_word_embeddings=False, bos_token_id=0,
+                      eos_token_id=1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tiny / f, tmp / f)
+    tmp.rename(out)
+    return out
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 1.0) -> float:
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    for _ in range(3):
+        torch.nn.functional.linear(a, b)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.nn.functional.linear(a, b)
+        count += 1
+    return 2 * m * k * n * count / (time.perf_counter() - start) / 1e9
+
+
+def copy_gbps(mib: int = 256, seconds: float = 1.0) -> float:
+    src = torch.empty(mib * 1024 * 1024 // 4)
+    src.fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        dst.copy_(src)
+        count += 1
+    return 2 * src.numel() * 4 * count / (time.perf_counter() - start) / 1e9  # read + write
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "platform": platform.platform(),
+            "processor": platform.processor(), "torch": torch.__version__, "python": platform.python_version()}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:,.2f}" if isinstance(v, float) else str(v)
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
