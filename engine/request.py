@@ -46,6 +46,7 @@ class Request:
     node: Any = None
     kv_len: int = 0  # tokens whose K/V are in the pool
     prefill_done: bool = False
+    hold_kv: bool = False  # a transfer reads the pages: keep them after finishing until released
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     retractions: int = 0
 
