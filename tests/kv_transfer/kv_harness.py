@@ -1,0 +1,114 @@
+"""Drive peer_proc.py children: every read is bounded in time, and every child is killed at teardown."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PEER_SCRIPT = Path(__file__).with_name("peer_proc.py")
+REPO = Path(__file__).resolve().parents[2]
+
+# Short deadlines so failure tests finish in seconds.
+FAST = {
+    "hostname": "127.0.0.1", "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0, "rpc_timeout": 1.0,
+    "bootstrap_timeout": 3.0, "waiting_timeout": 3.0, "transfer_timeout": 3.0, "room_linger": 30.0,
+}
+
+
+class PeerError(Exception):
+    """A typed kv_transfer error raised inside a peer process."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        super().__init__(f"{reply['exc']}: {reply['message']}")
+        self.type = reply["exc"]
+        self.reply = reply
+
+
+class Peer:
+    def __init__(self, role: str, backend: str, *, seed: int, config: dict[str, Any] | None = None,
+                 name: str = "", **shape: Any) -> None:
+        cfg = {**FAST, "backend": backend, **(config or {})}
+        argv = [sys.executable, str(PEER_SCRIPT), "--role", role, "--seed", str(seed), "--config", json.dumps(cfg)]
+        if name:
+            argv += ["--name", name]
+        for key, value in shape.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MC_LOG_LEVEL": "ERROR"}
+        self.role = role
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env, cwd=str(REPO))
+        ready = self._read(timeout=60.0)
+        self.port: int | None = ready.get("port")
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.role} peer gave no reply within {timeout}s")
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if not ready:
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise RuntimeError(f"{self.role} peer exited (rc={self.proc.poll()}): {err[-3000:]}")
+            return json.loads(line)
+
+    def call(self, cmd: str, read_timeout: float = 30.0, **kwargs: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read(read_timeout)
+        if "exc" in reply:
+            raise PeerError(reply)
+        return reply
+
+    def wait(self, room: int, states: list[str], timeout: float) -> dict[str, Any]:
+        return self.call("wait", read_timeout=timeout + 10.0, room=room, states=states, timeout=timeout)
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+
+    def close(self) -> None:
+        """Ask the peer to exit; kill it if it does not within a few seconds."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
