@@ -112,3 +112,21 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def open_room(prefill: Peer, decode: Peer, room: int, dst: list[int], aux_slot: int = 0) -> None:
+    """Decode reserves `dst`, prefill creates the sender; returns once prefill is WaitingForInput."""
+    decode.call("recv", room=room, port=prefill.port, pages=dst, aux_slot=aux_slot)
+    prefill.call("sender", room=room)
+    got = prefill.wait(room, ["WAITING_FOR_INPUT"], 5)
+    assert got["state"] == "WAITING_FOR_INPUT", got
+
+
+def run_room(prefill: Peer, decode: Peer, room: int, src: list[int], dst: list[int], aux_slot: int = 0) -> None:
+    """A whole healthy room; asserts Success on both sides and byte-exact pages."""
+    open_room(prefill, decode, room, dst, aux_slot)
+    prefill.call("send", room=room, pages=src, last=True, first_token=room % 1000)
+    got = decode.wait(room, ["SUCCESS", "FAILED"], 10)
+    assert got["state"] == "SUCCESS", got
+    assert prefill.wait(room, ["SUCCESS", "FAILED"], 5)["state"] == "SUCCESS"
+    assert decode.call("checksums", pages=dst)["sums"] == prefill.call("checksums", pages=src)["sums"]
