@@ -99,8 +99,12 @@ class PeerLink:
 
     def _call(self, method: str, request: Any) -> Any:
         """A unary call with our deadline; transport errors kill the link and return None."""
+        if not self.alive:
+            return None
         try:
             reply = getattr(self._stub, method)(request, timeout=self._config.rpc_timeout)
+        except ValueError:  # the channel was closed by die() meanwhile
+            return None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "is unreachable"
@@ -157,6 +161,8 @@ class PeerLink:
                     receiver.on_event(event)
         except grpc.RpcError as exc:
             why = f"event stream broke ({exc.code() if hasattr(exc, 'code') else exc})"
+        except ValueError:  # the channel was closed by die() meanwhile
+            why = "link closed"
         self.die(FailureKind.PEER_DEAD, f"prefill {self.address}: {why}")
 
     def _heartbeat(self) -> None:

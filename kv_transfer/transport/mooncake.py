@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import ConfigError, TransferIOError
@@ -63,7 +64,11 @@ class MooncakeEngine:
         srcs = [e[0] for e in entries]
         dsts = [e[1] for e in entries]
         lens = [e[2] for e in entries]
+        start = time.monotonic()
         rc = self._engine.batch_transfer_sync_write(session, srcs, dsts, lens)
+        took = time.monotonic() - start
+        if took > 1.0:
+            log.warning("slow Mooncake write peer=%s entries=%d seconds=%.1f rc=%d", session, len(entries), took, rc)
         if rc != 0:
             raise TransferIOError(f"Mooncake batch write of {len(entries)} entries failed", rc=rc, peer=session)
 

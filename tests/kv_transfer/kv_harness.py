@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Short deadlines so failure tests finish in seconds.
 FAST = {
     "hostname": "127.0.0.1", "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0, "rpc_timeout": 1.0,
-    "bootstrap_timeout": 3.0, "waiting_timeout": 3.0, "transfer_timeout": 3.0, "room_linger": 30.0,
+    "bootstrap_timeout": 3.0, "waiting_timeout": 3.0, "transfer_timeout": 10.0, "room_linger": 30.0,
 }
 
 
@@ -39,7 +39,7 @@ class Peer:
             argv += ["--name", name]
         for key, value in shape.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MC_LOG_LEVEL": "ERROR"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR")}
         self.role = role
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env, cwd=str(REPO))

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from kv_transfer import (
-    AuxBuffer, DecodeTransferManager, KVLayout, PrefillTransferManager, TransferConfig,
+    AuxBuffer, DecodeTransferManager, KVLayout, PrefillTransferManager, TransferConfig, TransferMetrics,
 )
 from kv_harness import FAST
 
@@ -34,13 +34,15 @@ class LocalPool:
 
 class InProcPair:
     def __init__(self, backend: str = "fake", prefill_shape: dict[str, Any] | None = None,
-                 decode_shape: dict[str, Any] | None = None, **config: Any) -> None:
+                 decode_shape: dict[str, Any] | None = None, prefill_metrics: TransferMetrics | None = None,
+                 **config: Any) -> None:
         self.config = TransferConfig(**{**FAST, "backend": backend, **config})
         self.src = LocalPool(1, prefill_shape or SHAPE)
         self.dst = LocalPool(2, decode_shape or SHAPE)
         self.aux = AuxBuffer(16)
         self.prefill = PrefillTransferManager(self.config, self.src.layout, bootstrap_port=0,
-                                              bootstrap_host="127.0.0.1", worker_id="prefill-test")
+                                              bootstrap_host="127.0.0.1", worker_id="prefill-test",
+                                              metrics=prefill_metrics)
         self.decode = DecodeTransferManager(self.config, self.dst.layout, self.aux.layout, worker_id="decode-test")
         self.port = self.prefill.port
 
