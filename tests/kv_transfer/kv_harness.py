@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ FAST = {
 class PeerError(Exception):
     """A typed kv_transfer error raised inside a peer process."""
 
-    def __init__(self, reply: dict[str, Any]) -> None:
-        super().__init__(f"{reply['exc']}: {reply['message']}")
+    def __init__(self, reply: dict[str, Any], log_tail: str = "") -> None:
+        super().__init__(f"{reply['exc']}: {reply['message']}\n--- peer log tail ---\n{log_tail}")
         self.type = reply["exc"]
         self.reply = reply
 
@@ -41,7 +42,9 @@ class Peer:
             argv += [f"--{key.replace('_', '-')}", str(value)]
         env = {**os.environ, "PYTHONPATH": str(REPO), "MC_LOG_LEVEL": os.environ.get("MC_LOG_LEVEL", "ERROR")}
         self.role = role
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # stderr goes to a file: an undrained pipe would block a chatty child once it fills up.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, env=env, cwd=str(REPO))
         ready = self._read(timeout=60.0)
         self.port: int | None = ready.get("port")
@@ -52,15 +55,19 @@ class Peer:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{self.role} peer gave no reply within {timeout}s")
+                raise TimeoutError(f"{self.role} peer gave no reply within {timeout}s: {self.stderr_tail()}")
             ready, _, _ = select.select([self.proc.stdout], [], [], left)
             if not ready:
                 continue
             line = self.proc.stdout.readline()
             if not line:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                raise RuntimeError(f"{self.role} peer exited (rc={self.proc.poll()}): {err[-3000:]}")
+                raise RuntimeError(f"{self.role} peer exited (rc={self.proc.poll()}): {self.stderr_tail()}")
             return json.loads(line)
+
+    def stderr_tail(self, chars: int = 3000) -> str:
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()[-chars:]
 
     def call(self, cmd: str, read_timeout: float = 30.0, **kwargs: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -68,7 +75,7 @@ class Peer:
         self.proc.stdin.flush()
         reply = self._read(read_timeout)
         if "exc" in reply:
-            raise PeerError(reply)
+            raise PeerError(reply, self.stderr_tail(1500))
         return reply
 
     def wait(self, room: int, states: list[str], timeout: float) -> dict[str, Any]:
@@ -88,9 +95,10 @@ class Peer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout):
             if stream:
                 stream.close()
+        self._log.close()
 
     def close(self) -> None:
         """Ask the peer to exit; kill it if it does not within a few seconds."""
