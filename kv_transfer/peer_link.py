@@ -81,8 +81,8 @@ class PeerLink:
             self.alive = False
             self.error = error or PeerUnreachableError(message, peer=self.address)
             rooms = [r for r in self._rooms.values() if not r.state.terminal]
-        log.warning("prefill link down peer=%s why=%s rooms_in_flight=%d", self.address, message, len(rooms),
-                    extra={"peer": self.address, "worker": self._worker})
+        log.log(logging.WARNING if rooms else logging.INFO, "prefill link down peer=%s why=%s rooms_in_flight=%d",
+                self.address, message, len(rooms), extra={"peer": self.address, "worker": self._worker})
         self._kind, self._message = kind, message
         self.registered.set()  # wake anyone waiting in connect()
         self._ops.put(None)

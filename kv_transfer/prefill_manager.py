@@ -181,8 +181,8 @@ class PrefillTransferManager:
             rooms = [r for r in self._rooms.values() if r.peer is peer]
         failed = sum(r.tracker.fail(FailureKind.PEER_DEAD, f"decode peer {peer.worker} {why}") for r in rooms)
         if was_alive:
-            log.warning("decode peer dropped peer=%s why=%s rooms_failed=%d", peer.worker, why, failed,
-                        extra={"worker": self.worker_id, "peer": peer.worker})
+            log.log(logging.WARNING if failed else logging.INFO, "decode peer dropped peer=%s why=%s rooms_failed=%d",
+                    peer.worker, why, failed, extra={"worker": self.worker_id, "peer": peer.worker})
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -72,7 +72,8 @@ class KVReceiver:
         """Ask the prefill side to fill `dst_pages` (prompt order, after the held prefix's pages).
 
         Validates before anything is sent: PageIndexError for a page or aux slot out of range or
-        a page listed twice; InvalidRoomError if called twice or after the room ended.
+        a page listed twice; InvalidRoomError if called twice. On a room that already failed (say,
+        the peer was unreachable) it records the pages and returns; poll() reports the failure.
         """
         dst = self._layout.check_pages(dst_pages, "destination", room=self.room)
         if len(set(dst)) != len(dst):
@@ -83,9 +84,9 @@ class KVReceiver:
         with self._lock:
             if self.dst_pages is not None:
                 raise InvalidRoomError(f"room {self.room}: init() was already called", room=self.room)
-            if self._tracker.state.terminal:
-                raise InvalidRoomError(f"room {self.room} already ended: {self.failure_reason}", room=self.room)
             self.dst_pages, self.aux_slot, self.held_prefix_tokens = dst, aux_slot, held_prefix_tokens
+            if self._tracker.state.terminal:
+                return  # failed meanwhile (e.g. unreachable peer): poll() reports it; nothing to send
         self._aux.clear(aux_slot)
         self.link.open_room(self)
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Short deadlines so failure tests finish in seconds.
 FAST = {
-    "hostname": "127.0.0.1", "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0, "rpc_timeout": 1.0,
+    "hostname": "127.0.0.1", "heartbeat_interval": 0.25, "heartbeat_timeout": 1.5, "rpc_timeout": 2.0,
     "bootstrap_timeout": 3.0, "waiting_timeout": 3.0, "transfer_timeout": 10.0, "room_linger": 30.0,
 }
 
