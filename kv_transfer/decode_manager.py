@@ -17,6 +17,7 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peer_link import PeerLink
 from kv_transfer.receiver import KVReceiver
+from kv_transfer.rooms import RoomTable
 from kv_transfer.shm import SharedSegment
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
@@ -35,8 +36,8 @@ class DecodeTransferManager:
         self.worker_id = worker_id
         self.metrics = metrics or TransferMetrics("decode")
         self._receive_side = ReceiveSide(config, layout.regions() + [(aux.base, aux.total_bytes)], list(segments))
-        self._lock = threading.Lock()
-        self._rooms: dict[int, KVReceiver] = {}
+        self._rooms: RoomTable[KVReceiver] = RoomTable(self.metrics)
+        self._lock = threading.Lock()  # guards _links and _closed; taken inside _rooms.lock, never around it
         self._links: dict[str, PeerLink] = {}
         self._closed = False
         self._monitor = Ticker(f"kv-monitor-{worker_id}", config.monitor_interval, self._tick)
@@ -47,22 +48,20 @@ class DecodeTransferManager:
     def create_receiver(self, room: int, bootstrap_host: str, bootstrap_port: int) -> KVReceiver:
         """A receiver in Bootstrapping; connects to the prefill side in the background."""
         check_room_id(room)
-        with self._lock:
-            existing = self._rooms.get(room)
+        with self._rooms.lock:
+            existing = self._rooms.peek(room)
             if existing is not None and not existing.state.terminal:
                 raise DuplicateRoomError(f"room {room} is already in flight on this decode worker", room=room)
-            link = self._link(bootstrap_host, bootstrap_port)
-            receiver = KVReceiver(room, self.config, self.layout, self.aux, link, self._on_change, self._release)
-            if existing is not None:
-                self.metrics.room_changed(existing.state, None)
-            self._rooms[room] = receiver
-            self.metrics.room_changed(None, receiver.state)
+            with self._lock:
+                link = self._link(bootstrap_host, bootstrap_port)
+            receiver = KVReceiver(room, self.config, self.layout, self.aux, link, self._on_change,
+                                  self._release)
+            self._rooms.put(receiver)
         link.attach(receiver)
         return receiver
 
     def receiver(self, room: int) -> KVReceiver:
-        with self._lock:
-            found = self._rooms.get(room)
+        found = self._rooms.get(room)
         if found is None:
             raise UnknownRoomError(f"room {room} has no receiver on this decode worker", room=room)
         return found
@@ -82,22 +81,16 @@ class DecodeTransferManager:
         return link.transport
 
     def rooms_by_state(self) -> dict[RoomState, int]:
-        with self._lock:
-            rooms = list(self._rooms.values())
-        counts = {s: 0 for s in RoomState}
-        for r in rooms:
-            counts[r.state] += 1
-        return counts
+        return self._rooms.counts()
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            rooms, links = list(self._rooms.values()), list(self._links.values())
+            links = list(self._links.values())
         self._monitor.stop()
-        for r in rooms:
-            r.tracker.fail(FailureKind.SHUTDOWN, "decode transfer manager closed")
+        self._rooms.fail_all("decode transfer manager closed")
         for link in links:
             link.die(FailureKind.SHUTDOWN, "decode transfer manager closed")
         self._receive_side.close()
@@ -118,38 +111,27 @@ class DecodeTransferManager:
             aux=aux_to_msg(self.aux), offer=offer_to_msg(self._receive_side.offer))
 
     def _release(self, receiver: KVReceiver) -> None:
-        with self._lock:
-            if self._rooms.get(receiver.room) is receiver:
-                del self._rooms[receiver.room]
-                self.metrics.room_changed(receiver.state, None)
+        self._rooms.remove(receiver)
         receiver.link.detach(receiver.room)
 
     def _on_change(self, receiver: KVReceiver, old: RoomState, new: RoomState) -> None:
-        with self._lock:
-            if self._rooms.get(receiver.room) is receiver:
-                self.metrics.room_changed(old, new)
+        self._rooms.changed(receiver, old, new)
         if new == RoomState.SUCCESS:
             assert receiver.dst_pages is not None
             self.metrics.add_bytes(len(receiver.dst_pages) * self.layout.page_bytes * 2 * self.layout.num_layers)
             if receiver.started is not None:
                 self.metrics.observe_transfer(time.monotonic() - receiver.started)
         elif new == RoomState.FAILED and receiver.failure is not None:
-            self.metrics.failed(receiver.failure.kind)
             if receiver.tells_peer and receiver.opened and receiver.link.alive:
                 receiver.link.abort_room(receiver.room, receiver.failure.message)
 
     def _tick(self) -> None:
         now = time.monotonic()
         with self._lock:
-            rooms = list(self._rooms.values())
             links = list(self._links.values())
             for key in [k for k, link in self._links.items() if not link.alive]:
                 del self._links[key]
         for link in links:
             link.check_silence(now)
-        for r in rooms:
-            r.tracker.check_deadline(now)
-            finished = r.tracker.finished_at
-            if finished is not None and now - finished > self.config.room_linger:
-                self._release(r)
+        self._rooms.check(now, self.config.room_linger)
 

@@ -19,6 +19,7 @@ from kv_transfer.errors import (
 from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
+from kv_transfer.rooms import RoomTable
 from kv_transfer.sender import KVSender
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
@@ -38,8 +39,8 @@ class PrefillTransferManager:
         self.metrics = metrics or TransferMetrics("prefill")
         self._aux_staging = AuxStaging(config.aux_staging_slots)
         self._send_side = SendSide(config, layout.regions() + [self._aux_staging.region])
-        self._lock = threading.Lock()
-        self._rooms: dict[int, KVSender] = {}
+        self._rooms: RoomTable[KVSender] = RoomTable(self.metrics)
+        self._lock = threading.Lock()  # guards _peers and _closed
         self._peers: dict[str, DecodePeer] = {}
         self._closed = False
         self._server, self.port = start_bootstrap_server(self, bootstrap_host, bootstrap_port, server_threads)
@@ -51,8 +52,8 @@ class PrefillTransferManager:
     def create_sender(self, room: int) -> KVSender:
         """The sender for `room`; DuplicateRoomError if the worker already holds one in flight."""
         check_room_id(room)
-        with self._lock:
-            existing = self._rooms.get(room)
+        with self._rooms.lock:
+            existing = self._rooms.peek(room)
             if existing is not None and existing.claimed and not existing.state.terminal:
                 raise DuplicateRoomError(f"room {room} is already in flight on this prefill worker", room=room)
             if existing is None or existing.claimed:
@@ -61,29 +62,22 @@ class PrefillTransferManager:
         return existing
 
     def sender(self, room: int) -> KVSender:
-        with self._lock:
-            found = self._rooms.get(room)
+        found = self._rooms.get(room)
         if found is None or not found.claimed:
             raise UnknownRoomError(f"room {room} has no sender on this prefill worker", room=room)
         return found
 
     def rooms_by_state(self) -> dict[RoomState, int]:
-        with self._lock:
-            rooms = list(self._rooms.values())
-        counts = {s: 0 for s in RoomState}
-        for r in rooms:
-            counts[r.state] += 1
-        return counts
+        return self._rooms.counts()
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            rooms, peers = list(self._rooms.values()), list(self._peers.values())
+            peers = list(self._peers.values())
         self._monitor.stop()
-        for r in rooms:
-            r.tracker.fail(FailureKind.SHUTDOWN, "prefill transfer manager closed")
+        self._rooms.fail_all("prefill transfer manager closed")
         for p in peers:
             p.close()
         self._server.stop(grace=0.5)
@@ -119,8 +113,8 @@ class PrefillTransferManager:
         if len(set(dst)) != len(dst):
             raise PageIndexError(f"room {room}: a destination page is listed twice", room=room)
         peer.aux.slot_address(req.aux_slot, room=room)  # range check
-        with self._lock:
-            entry = self._rooms.get(room)
+        with self._rooms.lock:
+            entry = self._rooms.peek(room)
             if entry is not None and entry.peer is not None:
                 if not entry.state.terminal:
                     raise DuplicateRoomError(f"room {room} is already in flight on this prefill worker", room=room)
@@ -132,8 +126,7 @@ class PrefillTransferManager:
         entry.attach(peer, dst, req.aux_slot, req.held_prefix_tokens)
 
     def abort_room(self, peer_id: str, room: int, reason: str) -> None:
-        with self._lock:
-            entry = self._rooms.get(room)
+        entry = self._rooms.get(room)
         if entry is None or entry.peer is None or entry.peer.peer_id != peer_id:
             raise UnknownRoomError(f"room {room} is not open for this decode peer", room=room)
         entry.tracker.fail(FailureKind.ABORTED_REMOTE, f"aborted by decode: {reason}")
@@ -146,29 +139,14 @@ class PrefillTransferManager:
 
     # --- internals --------------------------------------------------------------------------------
     def _new_room(self, room: int) -> KVSender:
-        """Create and table a room; the caller holds self._lock."""
-        sender = KVSender(room, self.config, self.layout, self._on_change, self._release)
-        old = self._rooms.get(room)
-        if old is not None:
-            self.metrics.room_changed(old.state, None)
-        self._rooms[room] = sender
-        self.metrics.room_changed(None, sender.state)
+        """Create and table a room; the caller holds self._rooms.lock."""
+        sender = KVSender(room, self.config, self.layout, self._on_change, self._rooms.remove)
+        self._rooms.put(sender)
         return sender
 
-    def _release(self, sender: KVSender) -> None:
-        with self._lock:
-            if self._rooms.get(sender.room) is sender:
-                del self._rooms[sender.room]
-                self.metrics.room_changed(sender.state, None)
-
     def _on_change(self, sender: KVSender, old: RoomState, new: RoomState) -> None:
-        with self._lock:
-            tabled = self._rooms.get(sender.room) is sender
-            if tabled:
-                self.metrics.room_changed(old, new)
+        self._rooms.changed(sender, old, new)
         failure = sender.failure
-        if new == RoomState.FAILED and failure is not None:
-            self.metrics.failed(failure.kind)
         peer = sender.peer
         if peer is not None and peer.alive:
             kind, reason = (failure.kind.value, failure.message) if failure and new == RoomState.FAILED else ("", "")
@@ -177,8 +155,7 @@ class PrefillTransferManager:
     def _drop_peer(self, peer: DecodePeer, why: str) -> None:
         was_alive = peer.alive
         peer.close()
-        with self._lock:
-            rooms = [r for r in self._rooms.values() if r.peer is peer]
+        rooms = [r for r in self._rooms.all() if r.peer is peer]
         failed = sum(r.tracker.fail(FailureKind.PEER_DEAD, f"decode peer {peer.worker} {why}") for r in rooms)
         if was_alive:
             log.log(logging.WARNING if failed else logging.INFO, "decode peer dropped peer=%s why=%s rooms_failed=%d",
@@ -187,14 +164,9 @@ class PrefillTransferManager:
     def _tick(self) -> None:
         now = time.monotonic()
         with self._lock:
-            rooms = list(self._rooms.values())
             stale = [p for p in self._peers.values() if now - p.last_seen > self.config.heartbeat_timeout]
             for p in stale:
                 del self._peers[p.peer_id]
         for p in stale:
             self._drop_peer(p, f"sent no heartbeat for {self.config.heartbeat_timeout:g}s")
-        for r in rooms:
-            r.tracker.check_deadline(now)
-            finished = r.tracker.finished_at
-            if finished is not None and now - finished > self.config.room_linger:
-                self._release(r)
+        self._rooms.check(now, self.config.room_linger)

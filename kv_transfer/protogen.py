@@ -58,7 +58,6 @@ def _cache_root() -> Path:
 
 def _stub_key(proto_file: Path) -> str:
     import google.protobuf
-    from grpc_tools import protoc  # noqa: F401  (version source)
     import grpc_tools
 
     digest = hashlib.sha256(proto_file.read_bytes())

@@ -16,7 +16,8 @@ from kv_transfer.aux import AuxLayout, AuxRecord
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, PageIndexError
 from kv_transfer.layout import KVLayout
-from kv_transfer.state import Failure, FailureKind, RoomState, RoomTracker
+from kv_transfer.rooms import RoomHandle
+from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.wire import state_from_msg
 
 if TYPE_CHECKING:
@@ -31,16 +32,14 @@ _REMOTE_KIND = {
 }
 
 
-class KVReceiver:
+class KVReceiver(RoomHandle):
     def __init__(self, room: int, config: TransferConfig, layout: KVLayout, aux: AuxLayout, link: "PeerLink",
-                 on_change: Callable[["KVReceiver", RoomState, RoomState], None],
-                 on_release: Callable[["KVReceiver"], None]) -> None:
-        self.room = room
+                 on_change: Callable[[Any, RoomState, RoomState], None],
+                 on_release: Callable[[Any], None]) -> None:
+        super().__init__(room, config, on_change, on_release)
         self._layout = layout
         self._aux = aux
         self.link = link
-        self._tracker = RoomTracker(room, config, lambda _t, old, new: on_change(self, old, new))
-        self._on_release = on_release
         self._lock = threading.Lock()
         self.dst_pages: tuple[int, ...] | None = None
         self.aux_slot: int | None = None
@@ -50,24 +49,7 @@ class KVReceiver:
         self.started: float | None = None
         self._tell_peer = True
 
-    # --- caller API -------------------------------------------------------------------------
-    def poll(self) -> RoomState:
-        """Current state, without blocking."""
-        return self._tracker.state
-
-    @property
-    def state(self) -> RoomState:
-        return self._tracker.state
-
-    @property
-    def failure(self) -> Failure | None:
-        return self._tracker.failure
-
-    @property
-    def failure_reason(self) -> str | None:
-        f = self._tracker.failure
-        return str(f) if f else None
-
+    # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
     def init(self, dst_pages: Sequence[int], aux_slot: int, held_prefix_tokens: int = 0) -> None:
         """Ask the prefill side to fill `dst_pages` (prompt order, after the held prefix's pages).
 
@@ -94,17 +76,7 @@ class KVReceiver:
         """Give up on the room; the prefill side hears of it and stops writing."""
         self._tracker.fail(FailureKind.ABORTED_LOCAL, f"aborted by decode: {reason}")
 
-    def release(self) -> None:
-        """Forget the room (aborting it first if still in flight)."""
-        if not self._tracker.state.terminal:
-            self.abort("released before finishing")
-        self._on_release(self)
-
     # --- manager / link side ------------------------------------------------------------------
-    @property
-    def tracker(self) -> RoomTracker:
-        return self._tracker
-
     @property
     def tells_peer(self) -> bool:
         """Whether the failure originated here (so the prefill side must be told)."""

@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from kv_transfer.aux import AuxRecord, RECORD_SIZE
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
 from kv_transfer.layout import KVLayout, split_batches, write_entries
-from kv_transfer.state import Failure, FailureKind, RoomState, RoomTracker
+from kv_transfer.rooms import RoomHandle
+from kv_transfer.state import FailureKind, RoomState
 
 if TYPE_CHECKING:
     from kv_transfer.peers import DecodePeer
@@ -35,15 +36,13 @@ class Chunk:
     aux: AuxRecord | None
 
 
-class KVSender:
+class KVSender(RoomHandle):
     def __init__(self, room: int, config: TransferConfig, layout: KVLayout,
-                 on_change: Callable[["KVSender", RoomState, RoomState], None],
-                 on_release: Callable[["KVSender"], None]) -> None:
-        self.room = room
+                 on_change: Callable[[Any, RoomState, RoomState], None],
+                 on_release: Callable[[Any], None]) -> None:
+        super().__init__(room, config, on_change, on_release)
         self._config = config
         self._layout = layout
-        self._tracker = RoomTracker(room, config, lambda _t, old, new: on_change(self, old, new))
-        self._on_release = on_release
         self._lock = threading.Lock()
         self.claimed = False           # the prefill worker holds this sender
         self.peer: DecodePeer | None = None
@@ -55,24 +54,7 @@ class KVSender:
         self._last_queued = False
         self.started: float | None = None
 
-    # --- caller API -------------------------------------------------------------------------
-    def poll(self) -> RoomState:
-        """Current state, without blocking."""
-        return self._tracker.state
-
-    @property
-    def state(self) -> RoomState:
-        return self._tracker.state
-
-    @property
-    def failure(self) -> Failure | None:
-        return self._tracker.failure
-
-    @property
-    def failure_reason(self) -> str | None:
-        f = self._tracker.failure
-        return str(f) if f else None
-
+    # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
     def send(self, src_pages: Sequence[int], *, last: bool = False, first_token_id: int | None = None,
              cached_tokens: int = 0) -> bool:
         """Queue the next chunk: src_pages are written into the next len(src_pages) dst_pages.
@@ -98,9 +80,11 @@ class KVSender:
             if last and end != len(self.dst_pages):
                 raise PageIndexError(f"room {self.room}: last chunk ends at page {end} of "
                                      f"{len(self.dst_pages)} reserved; send every page", room=self.room)
-            if last and first_token_id is None:
-                raise InvalidRoomError(f"room {self.room}: the last chunk needs first_token_id", room=self.room)
-            aux = AuxRecord(int(first_token_id), int(cached_tokens), self.room) if last else None
+            aux = None
+            if last:
+                if first_token_id is None:
+                    raise InvalidRoomError(f"room {self.room}: the last chunk needs first_token_id", room=self.room)
+                aux = AuxRecord(int(first_token_id), int(cached_tokens), self.room)
             chunk = Chunk(src, self.dst_pages[self.pages_queued:end], last, aux)
             self.pages_queued = end
             self._last_queued = last
@@ -116,17 +100,7 @@ class KVSender:
         """Stop writing; the decode side hears of it. The caller may then free its pages."""
         self._tracker.fail(FailureKind.ABORTED_LOCAL, f"aborted by prefill: {reason}")
 
-    def release(self) -> None:
-        """Forget the room (aborting it first if still in flight)."""
-        if not self._tracker.state.terminal:
-            self.abort("released before finishing")
-        self._on_release(self)
-
     # --- manager / writer side ----------------------------------------------------------------
-    @property
-    def tracker(self) -> RoomTracker:
-        return self._tracker
-
     def attach(self, peer: "DecodePeer", dst_pages: tuple[int, ...], aux_slot: int, held: int) -> None:
         with self._lock:
             self.peer, self.dst_pages, self.aux_slot, self.held_prefix_tokens = peer, dst_pages, aux_slot, held

@@ -21,10 +21,10 @@ log = logging.getLogger("kv_transfer")
 
 def mooncake_available() -> bool:
     try:
-        import mooncake.engine  # noqa: F401
+        import mooncake.engine as engine
     except ImportError:
         return False
-    return True
+    return engine is not None
 
 
 class MooncakeEngine:

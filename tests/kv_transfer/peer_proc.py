@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from kv_transfer import (
-    AuxLayout, DecodeTransferManager, KVLayout, KVTransferError, PrefillTransferManager, RoomState,
-    SharedSegment, TransferConfig,
+    AuxLayout, DecodeTransferManager, KVLayout, KVTransferError, PrefillTransferManager, SharedSegment,
+    TransferConfig,
 )
 
 AUX_SLOTS = 16
