@@ -1,11 +1,19 @@
 """Fixtures for kv_transfer tests: peer processes that are always cleaned up, even on failure."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import pytest
+# Plain `pytest` puts tests/ first on sys.path, where this folder would shadow the real kv_transfer
+# package as a namespace package (editable installs resolve after sys.path). The repository root first fixes it.
+_REPO = str(Path(__file__).resolve().parents[2])
+if sys.path[:1] != [_REPO]:
+    sys.path.insert(0, _REPO)
 
-from kv_harness import Peer
+import pytest  # noqa: E402
+
+from kv_harness import Peer  # noqa: E402
 
 BACKENDS_ACROSS_PROCESSES = ("mooncake", "shm")
 
