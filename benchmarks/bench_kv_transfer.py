@@ -184,7 +184,7 @@ def _wait(sender: Any, state: RoomState, timeout: float = 120.0) -> None:
             raise RuntimeError(f"room failed: {sender.failure_reason}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"room stuck in {sender.poll().name}")
-        time.sleep(0.0005)
+        time.sleep(0.002)  # a worker polls about once per scheduler step
 
 
 def main() -> None:
@@ -235,7 +235,8 @@ def measure_fake(pages: int, repeat: int) -> dict[str, float]:
     config = _config("fake")
     nbytes = KVLayout.pool_bytes(num_pages=pool, **SHAPE)
     src = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
-    dst = np.zeros(nbytes + 64 * 32, dtype=np.uint8)
+    dst = np.empty(nbytes + 64 * 32, dtype=np.uint8)
+    dst[:] = 0  # fault the pages in before timing
     prefill = PrefillTransferManager(config, KVLayout.packed(int(src.ctypes.data), num_pages=pool, **SHAPE),
                                      bootstrap_port=0, bootstrap_host="127.0.0.1")
     decode = DecodeTransferManager(config, KVLayout.packed(int(dst.ctypes.data), num_pages=pool, **SHAPE),
