@@ -45,6 +45,7 @@ class PeerLink:
         self.error: KVTransferError | None = None
         self.last_heard = time.monotonic()
         self.transport = ""
+        self._kind, self._message = FailureKind.PEER_DEAD, ""  # why the link died
         self._stream: Any = None
         pb2, pb2_grpc = stubs()
         self._pb = pb2
@@ -78,12 +79,12 @@ class PeerLink:
         with self._lock:
             if not self.alive:
                 return
-            self.alive = False
+            self._kind, self._message = kind, message
             self.error = error or PeerUnreachableError(message, peer=self.address)
+            self.alive = False
             rooms = [r for r in self._rooms.values() if not r.state.terminal]
         log.log(logging.WARNING if rooms else logging.INFO, "prefill link down peer=%s why=%s rooms_in_flight=%d",
                 self.address, message, len(rooms), extra={"peer": self.address, "worker": self._worker})
-        self._kind, self._message = kind, message
         self.registered.set()  # wake anyone waiting in connect()
         self._ops.put(None)
         if self._stream is not None:
@@ -93,9 +94,8 @@ class PeerLink:
 
     # --- internals ------------------------------------------------------------------------------
     def _fail_rooms(self, rooms: list["KVReceiver"]) -> None:
-        kind, message = getattr(self, "_kind", FailureKind.PEER_DEAD), getattr(self, "_message", "link closed")
         for r in rooms:
-            r.fail_from_peer(kind, message, self.error)
+            r.fail_from_peer(self._kind, self._message, self.error)
 
     def _call(self, method: str, request: Any) -> Any:
         """A unary call with our deadline; transport errors kill the link and return None."""

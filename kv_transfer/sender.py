@@ -91,6 +91,7 @@ class KVSender(RoomHandle):
             if self.started is None:
                 self.started = time.monotonic()
             self._tracker.advance(RoomState.TRANSFERRING)
+            self._tracker.progress()  # a new chunk is progress: the no-progress deadline restarts
             peer = self.peer
         assert peer is not None
         peer.writes.submit(lambda: self._write_chunk(peer, chunk))
