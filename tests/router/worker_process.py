@@ -27,6 +27,8 @@ DEFAULT_CONTROL: dict[str, Any] = {
     "die_mid_stream": False,  # stream: drop the connection after the first chunk
     "load": None,            # /get_load override {"running": n, "queued": m}
     "room_deadline_s": 3.0,  # decode: how long to wait for the prefill side of a room
+    "silent_failure": False,
+    "fail_after_room_s": None,  # prefill: report the room done, then answer 500 this much later  # prefill: fail without marking the room failed (a crashed peer)
 }
 
 
@@ -90,6 +92,11 @@ class FakeWorker:
             return self.error(400, f"bootstrap address {hosts}:{ports} is not this prefill worker")
         for r in rooms:
             self.rooms[r] = "transferring"
+        if self.control["fail_after_room_s"] is not None:
+            for r in rooms:
+                self.rooms[r] = "success"
+            await asyncio.sleep(float(self.control["fail_after_room_s"]))
+            return self.error(500, f"prefill broke after room {rooms[0]} was transferred")
         try:
             await asyncio.sleep(self.control["delay_s"])
             status = self.should_fail()
@@ -99,7 +106,8 @@ class FakeWorker:
             self.cancelled.extend(rooms)
             raise
         for r in rooms:
-            self.rooms[r] = "failed" if status else "success"
+            if not (status and self.control["silent_failure"]):
+                self.rooms[r] = "failed" if status else "success"
         if status:
             return self.error(status, f"prefill failed for room {rooms[0]}")
         return web.json_response({"prefill": "done", "rooms": rooms, "worker": self.name})
@@ -235,7 +243,7 @@ class FakeWorker:
 
 async def main(args: argparse.Namespace) -> None:
     w = FakeWorker(args.name or f"w{args.port}", args.role, args.bootstrap_port)
-    runner = web.AppRunner(w.app(), access_log=None)
+    runner = web.AppRunner(w.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", args.port).start()
     if args.role == "prefill" and args.bootstrap_port:
