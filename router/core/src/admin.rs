@@ -194,7 +194,7 @@ pub async fn health_generate(state: &Arc<AppState>, request_id: &str) -> Respons
 }
 
 pub fn metrics(state: &AppState) -> Response<RespBody> {
-    let mut r = Response::new(full(state.metrics.render(&state.gauges())));
+    let mut r = Response::new(full(state.metrics.render(&state.gauges(), state.limiter.as_ref().map_or(0, |l| l.queued()))));
     r.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r
 }

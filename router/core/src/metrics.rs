@@ -6,6 +6,7 @@
 //! | `splitserve_router_retries_total` | counter | `route` |
 //! | `splitserve_router_rejected_total` | counter | `reason` (`auth`, `payload`, `queue_full`, `queue_timeout`, `timeout`, `no_worker`) |
 //! | `splitserve_router_pd_prefill_failures_total` | counter | |
+//! | `splitserve_router_queued_requests` | gauge | (waiting for a concurrency slot) |
 //! | `splitserve_router_worker_load` | gauge | `worker`, `role` (requests in flight from this router) |
 //! | `splitserve_router_worker_reported_load` | gauge | `worker`, `role` (running + queued from `/get_load`) |
 //! | `splitserve_router_worker_healthy` | gauge | `worker`, `role` |
@@ -131,7 +132,7 @@ impl Metrics {
         self.durations[i].observe(secs);
     }
 
-    pub fn render(&self, workers: &[WorkerGauge]) -> String {
+    pub fn render(&self, workers: &[WorkerGauge], queued: usize) -> String {
         let mut o = String::with_capacity(4096);
         let p = "splitserve_router_";
         let _ = writeln!(o, "# HELP {p}requests_total Requests answered, by route, worker and status.\n# TYPE {p}requests_total counter");
@@ -148,6 +149,7 @@ impl Metrics {
         }
         let _ = writeln!(o, "# HELP {p}pd_prefill_failures_total PD requests failed by their prefill worker.\n# TYPE {p}pd_prefill_failures_total counter");
         let _ = writeln!(o, "{p}pd_prefill_failures_total {}", self.pd_prefill_failures.load(Ordering::Relaxed));
+        let _ = writeln!(o, "# HELP {p}queued_requests Requests waiting for a concurrency slot.\n# TYPE {p}queued_requests gauge\n{p}queued_requests {queued}");
         for (name, help) in [
             ("worker_load", "Requests in flight from this router to the worker."),
             ("worker_reported_load", "running + queued as reported by the worker's /get_load."),
