@@ -79,16 +79,18 @@ class Cluster:
     tmp: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def worker(self, role: str = "regular", name: str | None = None, bootstrap: bool = False) -> Worker:
-        port = free_port()
-        bport = free_port() if bootstrap else None
+    def worker(self, role: str = "regular", name: str | None = None, bootstrap: bool = False,
+               host: str = "127.0.0.1", port: int | None = None, bootstrap_port: int | None = None) -> Worker:
+        port = port or free_port()
+        bport = bootstrap_port or (free_port() if bootstrap else None)
         name = name or f"{role}-{port}"
         log = self.tmp / f"{name}.log"
-        cmd = [sys.executable, str(HERE / "worker_process.py"), "--port", str(port), "--role", role, "--name", name]
+        cmd = [sys.executable, str(HERE / "worker_process.py"), "--port", str(port), "--role", role, "--name", name,
+               "--host", host]
         if bport:
             cmd += ["--bootstrap-port", str(bport)]
         p = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        w = Worker(p, f"http://127.0.0.1:{port}", log, name=name, bootstrap_port=bport)
+        w = Worker(p, f"http://{host}:{port}", log, name=name, bootstrap_port=bport)
         self.procs.append(w)
         wait_until(lambda: httpx.get(f"{w.url}/health", timeout=1).status_code == 200, STARTUP_S, what=f"worker {name}")
         return w
@@ -111,6 +113,14 @@ class Cluster:
 
         wait_until(up, STARTUP_S, what=f"router {probe}")
         return r
+
+    def spawn(self, name: str, *cmd: str) -> Proc:
+        """Any other helper process (e.g. the fake Kubernetes API server)."""
+        log = self.tmp / f"{name}.log"
+        p = subprocess.Popen([sys.executable, *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        proc = Proc(p, "", log)
+        self.procs.append(proc)
+        return proc
 
     def close(self) -> None:
         for p in reversed(self.procs):

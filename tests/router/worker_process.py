@@ -33,8 +33,8 @@ DEFAULT_CONTROL: dict[str, Any] = {
 
 
 class FakeWorker:
-    def __init__(self, name: str, role: str, bootstrap_port: int | None) -> None:
-        self.name, self.role, self.bootstrap_port = name, role, bootstrap_port
+    def __init__(self, name: str, role: str, bootstrap_port: int | None, host: str = "127.0.0.1") -> None:
+        self.name, self.role, self.bootstrap_port, self.host = name, role, bootstrap_port, host
         self.control: dict[str, Any] = dict(DEFAULT_CONTROL)
         self.requests: list[dict[str, Any]] = []
         self.rooms: dict[int, str] = {}
@@ -88,7 +88,7 @@ class FakeWorker:
         ports = body.get("bootstrap_port")
         hosts = hosts if isinstance(hosts, list) else [hosts]
         ports = ports if isinstance(ports, list) else [ports]
-        if any(h != "127.0.0.1" for h in hosts) or any(p != self.bootstrap_port for p in ports):
+        if any(h != self.host for h in hosts) or any(p != self.bootstrap_port for p in ports):
             return self.error(400, f"bootstrap address {hosts}:{ports} is not this prefill worker")
         for r in rooms:
             self.rooms[r] = "transferring"
@@ -242,16 +242,16 @@ class FakeWorker:
 
 
 async def main(args: argparse.Namespace) -> None:
-    w = FakeWorker(args.name or f"w{args.port}", args.role, args.bootstrap_port)
+    w = FakeWorker(args.name or f"w{args.port}", args.role, args.bootstrap_port, args.host)
     runner = web.AppRunner(w.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", args.port).start()
+    await web.TCPSite(runner, args.host, args.port).start()
     if args.role == "prefill" and args.bootstrap_port:
         boot = web.Application()
         boot.router.add_get("/room/{room}", w.room)
         brunner = web.AppRunner(boot, access_log=None)
         await brunner.setup()
-        await web.TCPSite(brunner, "127.0.0.1", args.bootstrap_port).start()
+        await web.TCPSite(brunner, args.host, args.bootstrap_port).start()
     print("ready", flush=True)
     await asyncio.Event().wait()
 
@@ -262,4 +262,5 @@ if __name__ == "__main__":
     p.add_argument("--role", choices=("regular", "prefill", "decode"), default="regular")
     p.add_argument("--bootstrap-port", type=int, default=None)
     p.add_argument("--name", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="a loopback address (127.0.0.0/8)")
     asyncio.run(main(p.parse_args()))
