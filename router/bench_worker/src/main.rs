@@ -119,6 +119,8 @@ async fn handle(w: Arc<Worker>, req: Request<Incoming>) -> Result<Response<Out>,
     Ok(match path.as_str() {
         "/health" | "/health_generate" => json(StatusCode::OK, "{}".into()),
         "/get_load" => json(StatusCode::OK, format!("{{\"running\": {}, \"queued\": 0, \"kv_pages_used\": 0, \"kv_pages_total\": 1000}}", s.running.load(Ordering::Relaxed))),
+        "/get_model_info" => json(StatusCode::OK, "{\"model_path\": \"bench\", \"is_generation\": true}".into()),
+        "/get_server_info" => json(StatusCode::OK, "{\"role\": \"bench\"}".into()),
         "/v1/models" => json(StatusCode::OK, "{\"object\": \"list\", \"data\": [{\"id\": \"bench\", \"object\": \"model\"}]}".into()),
         "/flush_cache" => {
             w.cache.clear();

@@ -126,7 +126,7 @@ impl Default for RouterConfig {
             prefill_policy: None,
             decode_policy: None,
             cache_threshold: 0.5,
-            balance_abs_threshold: 4,
+            balance_abs_threshold: 3,
             balance_rel_threshold: 1.2,
             eviction_interval_secs: 60.0,
             max_tree_size: 1 << 24,

@@ -3,9 +3,11 @@
 //!   L_w = requests in flight from this router to w (counted from dispatch until the response
 //!         ends, by a guard, so streams and errors are included), L_min = min_w L_w
 //!   overloaded(w) := L_w - L_min > balance_abs_threshold  AND  L_w > balance_rel_threshold * L_min
-//!   A = { w : m_w >= cache_threshold AND NOT overloaded(w) }
-//! choose argmax_{w in A} (m_w, -L_w) if A is not empty (affinity: longest match, then the
-//! lighter worker, so a prefix held by several workers spreads over them); otherwise
+//!   A = { w : m_w >= cache_threshold AND NOT overloaded(w) },  m_A = max_{w in A} m_w
+//!   B = { w in A : m_w >= m_A - NEAR }   (NEAR = 0.05: matches a few bytes apart are equal)
+//! choose argmin_{w in B} L_w if A is not empty (affinity: the longest match, and among
+//! workers holding about as much of the text the lightest, so a prefix held by several
+//! workers spreads over them instead of following whichever saw a slightly longer suffix); otherwise
 //! argmin_w L_w with ties broken by a rotating start (so texts nobody holds, arriving one by one
 //! at equal loads, go round the workers instead of piling onto one). The chosen worker then
 //! holds the text in the tree.
@@ -21,6 +23,9 @@ use crate::worker::Worker;
 use prefix_tree::PrefixTree;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Matched shares closer than this to the best one count as equally good.
+const NEAR: f64 = 0.05;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CacheAwareConfig {
@@ -86,14 +91,10 @@ impl Policy for CacheAware {
         };
         let start = self.rotation.fetch_add(1, Ordering::Relaxed);
         let affine = |i: usize| ratios[i] >= self.cfg.cache_threshold && ratios[i] > 0.0 && !self.overloaded(loads[i], min_load);
-        let index = if (0..workers.len()).any(affine) {
-            argmin_rotating(workers.len(), start, |i| {
-                if affine(i) {
-                    (-ratios[i], loads[i])
-                } else {
-                    (f64::INFINITY, usize::MAX)
-                }
-            })?
+        let best = (0..workers.len()).filter(|&i| affine(i)).map(|i| ratios[i]).fold(f64::NAN, f64::max);
+        let index = if !best.is_nan() {
+            let near = |i: usize| affine(i) && ratios[i] >= best - NEAR;
+            argmin_rotating(workers.len(), start, |i| if near(i) { (loads[i], -ratios[i]) } else { (usize::MAX, 0.0) })?
         } else {
             argmin_rotating(workers.len(), start, |i| loads[i])?
         };
@@ -193,6 +194,18 @@ mod tests {
         p.tree().insert(b"shared prefix xyz", &ws[1].url);
         guards.extend((0..2).map(|_| LoadGuard::new(&ws[0])));
         assert_eq!(pick(&p, &ws, "shared prefix xyz + question").index, 1);
+    }
+
+    #[test]
+    fn replicas_a_few_bytes_apart_share_by_load() {
+        let (ws, mut guards) = workers(&[0, 0]);
+        let p = policy();
+        let sys = "S".repeat(200);
+        p.tree().insert(format!("{sys} user 104: a").as_bytes(), &ws[0].url);
+        p.tree().insert(format!("{sys} user 2: b").as_bytes(), &ws[1].url);
+        guards.push(LoadGuard::new(&ws[0]));
+        // w0 matches 2 bytes more of "user 105", but w1 is lighter and holds about as much.
+        assert_eq!(pick(&p, &ws, &format!("{sys} user 105: c")).index, 1);
     }
 
     #[test]
