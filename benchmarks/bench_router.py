@@ -244,7 +244,9 @@ def main() -> int:
             kinds_t: list[str] = []
         else:
             kinds_t = kinds
-        worker = start("worker", [str(wbin), str(wport), "--chunks", "16", "--threads", "1"], "1", wport, tmp)
+        # Streams: 16 events 200 µs apart, like tokens; a router that leaves Nagle on stalls here.
+        worker = start("worker", [str(wbin), str(wport), "--chunks", "16", "--chunk-delay-us", "200", "--threads", "1"],
+                       "1", wport, tmp)
         wait_http(f"{worker.url}/health")
         try:
             if kinds_t:

@@ -62,7 +62,7 @@ class RouterArgs:
     cb_failure_threshold: int = _d("cb_failure_threshold", "circuit breaker: consecutive request failures that open it; 0 = off")
     cb_success_threshold: int = _d("cb_success_threshold", "circuit breaker: half-open successes that close it")
     cb_timeout_secs: float = _d("cb_timeout_secs", "circuit breaker: seconds open before a trial request")
-    api_key: str | None = _d("api_key", "require `Authorization: Bearer KEY` (all routes but /health)")
+    api_key: str | None = _d("api_key", "require `Authorization: Bearer KEY` (all routes but /health, /liveness, /readiness)")
     shutdown_grace_period_secs: float = _d("shutdown_grace_period_secs", "on SIGTERM, how long in-flight requests may finish")
     log_level: str = _d("log_level", "trace, debug, info, warn or error")
     worker_threads: int = _d("worker_threads", "async runtime threads; 0 = one per available core")

@@ -76,10 +76,6 @@ impl Body for ProxyBody {
                 }
             }
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            let secs = this.timeout_secs;
-            return this.fail(RouterError::Timeout(secs));
-        }
         let inner = this.inner.as_mut().expect("checked above");
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
@@ -96,7 +92,15 @@ impl Body for ProxyBody {
                 this.prefill = None;
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // Only while waiting on the worker can the deadline matter (and its timer is
+                // registered once per wait, not once per frame).
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    let secs = this.timeout_secs;
+                    return this.fail(RouterError::Timeout(secs));
+                }
+                Poll::Pending
+            }
         }
     }
 

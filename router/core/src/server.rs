@@ -104,6 +104,9 @@ async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: Str
     if path == "/health" || path == "/liveness" {
         return Ok(admin::json_response(StatusCode::OK, &serde_json::json!({"status": "ok"})));
     }
+    if path == "/readiness" {
+        return Ok(admin::readiness(state));
+    }
     if !authorized(state, &req) {
         state.metrics.rejected("auth");
         return Err(RouterError::Unauthorized);
@@ -114,7 +117,6 @@ async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: Str
     match (method, path.as_str()) {
         (Method::POST, p) if INFERENCE.contains(&p) => inference(state, req, request_id, started).await,
         (Method::GET, p) if INFO.contains(&p) => Ok(info(state, req, request_id, started).await),
-        (Method::GET, "/readiness") => Ok(admin::readiness(state)),
         (Method::GET, "/health_generate") => Ok(admin::health_generate(state, &request_id).await),
         (Method::GET, "/metrics") => Ok(admin::metrics(state)),
         (Method::GET, "/workers") => Ok(admin::list_workers(state)),
