@@ -6,7 +6,7 @@ worker and wrk on CPU 1: requests/s, p50/p99 at concurrency 1, 32, 128 on /gener
 /v1/completions; streamed requests/s at concurrency 32; router CPU µs per request; resident
 memory. The bare worker (no router) is measured the same way as the ceiling.
 Routing quality: 4 workers that simulate a prefix cache, a closed-loop client (concurrency 32)
-sending many shared system prompts with distinct suffixes; share of prompt bytes served from
+sending many shared system prompts (64, ~1.8 kB) with distinct suffixes; share of prompt bytes served from
 cache and max/min requests per worker, each router at its default cache_aware settings.
 
 Set-up:  apt-get install wrk; python -m venv /work/venv-bench;
@@ -164,12 +164,15 @@ def throughput(kind: str, url: str, pid: int | None, args: argparse.Namespace, t
             rows[f"{path} c={c}"] = r
             print(f"  {kind:14s} {path:16s} c={c:<4d} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
                   f"  non2xx {r['non2xx']:.0f}", flush=True)
-    before = cpu_secs(pid) if pid else 0.0
-    s = wrk(f"{url}/generate", {**gen, "stream": True}, 32, args.duration, tmp)
-    if pid and s["requests"]:
-        s["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / s["requests"]
-    rows["stream c=32"] = s
-    print(f"  {kind:14s} stream /generate  c=32   {s['rps']:9.0f} req/s  p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms", flush=True)
+    # Streams of 16 events: back to back (router cost per event), and 200 µs apart like tokens
+    # (a router that leaves Nagle on stalls on the later events).
+    for label, gap in (("stream c=32", 0), ("stream+gaps c=32", 200)):
+        before = cpu_secs(pid) if pid else 0.0
+        s = wrk(f"{url}/generate", {**gen, "stream": True, "bench_chunk_delay_us": gap}, 32, args.duration, tmp)
+        if pid and s["requests"]:
+            s["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / s["requests"]
+        rows[label] = s
+        print(f"  {kind:14s} {label:22s} {s['rps']:9.0f} req/s  p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms", flush=True)
     if pid:
         rows["rss_mib"] = rss_mib(pid)
     return rows
@@ -244,9 +247,7 @@ def main() -> int:
             kinds_t: list[str] = []
         else:
             kinds_t = kinds
-        # Streams: 16 events 200 µs apart, like tokens; a router that leaves Nagle on stalls here.
-        worker = start("worker", [str(wbin), str(wport), "--chunks", "16", "--chunk-delay-us", "200", "--threads", "1"],
-                       "1", wport, tmp)
+        worker = start("worker", [str(wbin), str(wport), "--chunks", "16", "--threads", "1"], "1", wport, tmp)
         wait_http(f"{worker.url}/health")
         try:
             if kinds_t:

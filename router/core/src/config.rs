@@ -127,7 +127,7 @@ impl Default for RouterConfig {
             decode_policy: None,
             cache_threshold: 0.5,
             balance_abs_threshold: 3,
-            balance_rel_threshold: 1.2,
+            balance_rel_threshold: 1.1,
             eviction_interval_secs: 60.0,
             max_tree_size: 1 << 24,
             load_poll_interval_secs: 0.5,
