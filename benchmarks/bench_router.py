@@ -168,7 +168,8 @@ def throughput(kind: str, url: str, pid: int | None, args: argparse.Namespace, t
     # (a router that leaves Nagle on stalls on the later events).
     for label, gap in (("stream c=32", 0), ("stream+gaps c=32", 200)):
         before = cpu_secs(pid) if pid else 0.0
-        s = wrk(f"{url}/generate", {**gen, "stream": True, "bench_chunk_delay_us": gap}, 32, args.duration, tmp)
+        body = {**gen, "text": f"[gap_us={gap}] " + gen["text"], "stream": True}
+        s = wrk(f"{url}/generate", body, 32, args.duration, tmp)
         if pid and s["requests"]:
             s["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / s["requests"]
         rows[label] = s

@@ -5,7 +5,7 @@
 //! tree), the matched bytes count as cached, and an optional delay per uncached byte models
 //! prefill work. Usage: splitserve-bench-worker PORT [--chunks N] [--chunk-delay-us N]
 //! [--ns-per-uncached-byte N] [--base-us N] [--cache-bytes N] [--threads N]
-//! A request may set `bench_chunk_delay_us` to override --chunk-delay-us for its stream.
+//! A prompt starting with `[gap_us=N]` overrides --chunk-delay-us for its stream.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -153,7 +153,14 @@ async fn handle(w: Arc<Worker>, req: Request<Incoming>) -> Result<Response<Out>,
             }
             s.running.fetch_sub(1, Ordering::Relaxed);
             if v.get("stream").and_then(|s| s.as_bool()).unwrap_or(false) {
-                let gap_us = v.get("bench_chunk_delay_us").and_then(|g| g.as_u64()).unwrap_or(w.opts.chunk_delay_us);
+                // A prompt starting with "[gap_us=N]" overrides --chunk-delay-us (the prompt is the
+                // one field every router forwards unchanged).
+                let gap_us = std::str::from_utf8(&text)
+                    .ok()
+                    .and_then(|t| t.strip_prefix("[gap_us="))
+                    .and_then(|t| t.split(']').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(w.opts.chunk_delay_us);
                 let body = Sse { left: w.opts.chunks, delay: None, gap: Duration::from_micros(gap_us), yielded: true, done: false };
                 let mut r = Response::new(body.boxed());
                 r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
