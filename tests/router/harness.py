@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,22 @@ class Cluster:
     def close(self) -> None:
         for p in reversed(self.procs):
             p.stop(signal.SIGKILL if isinstance(p, Worker) else signal.SIGTERM, timeout=5)
+
+
+def background_stream(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[threading.Thread, dict[str, Any]]:
+    """POSTs a streamed request from a thread; the dict gets `body` (text) or `error`."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with httpx.stream("POST", url, json=body, timeout=timeout) as resp:
+                out["body"] = "".join(resp.iter_text())
+        except httpx.HTTPError as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
 
 
 def sse_events(text: str) -> list[str]:

@@ -2,25 +2,17 @@
 from __future__ import annotations
 
 import signal
-import threading
 
 import httpx
 import pytest
-from harness import Cluster, sse_events, wait_until
+from harness import Cluster, background_stream, sse_events, wait_until
 
 
 def test_sigterm_lets_the_stream_finish_then_exits(cluster: Cluster) -> None:
     w = cluster.worker()
     w.control(hold_after_first_chunk=True)
     r = cluster.router("--worker-urls", w.url, "--shutdown-grace-period-secs", "20")
-    got: dict[str, str] = {}
-
-    def stream() -> None:
-        with httpx.stream("POST", f"{r.url}/generate", json={"text": "x", "stream": True}, timeout=30) as resp:
-            got["body"] = "".join(resp.iter_text())
-
-    t = threading.Thread(target=stream)
-    t.start()
+    t, got = background_stream(f"{r.url}/generate", {"text": "x", "stream": True})
     wait_until(lambda: len(w.requests()) == 1, what="stream in flight")
     r.popen.send_signal(signal.SIGTERM)
     wait_until(lambda: "shutting down" in r.logs(), what="shutdown logged")
@@ -38,16 +30,7 @@ def test_grace_period_bounds_the_drain(cluster: Cluster) -> None:
     w = cluster.worker()
     w.control(hold_after_first_chunk=True)
     r = cluster.router("--worker-urls", w.url, "--shutdown-grace-period-secs", "0.5")
-    outcome: dict[str, BaseException] = {}
-
-    def stream() -> None:
-        try:
-            httpx.post(f"{r.url}/generate", json={"text": "x", "stream": True}, timeout=30)
-        except httpx.HTTPError as e:
-            outcome["error"] = e
-
-    t = threading.Thread(target=stream)
-    t.start()
+    t, outcome = background_stream(f"{r.url}/generate", {"text": "x", "stream": True})
     wait_until(lambda: len(w.requests()) == 1, what="stream in flight")
     r.popen.send_signal(signal.SIGTERM)
     assert r.popen.wait(10) == 0

@@ -1,10 +1,8 @@
 """/workers: list, add and remove at run time; a removed worker drains in-flight requests."""
 from __future__ import annotations
 
-import threading
-
 import httpx
-from harness import Cluster, sse_events, wait_until
+from harness import Cluster, background_stream, sse_events, wait_until
 
 
 def test_add_then_remove_changes_where_requests_go(cluster: Cluster) -> None:
@@ -38,14 +36,7 @@ def test_removed_worker_finishes_its_stream(cluster: Cluster) -> None:
     a, b = cluster.worker(), cluster.worker()
     a.control(hold_after_first_chunk=True)
     r = cluster.router("--worker-urls", a.url)
-    result: dict[str, str] = {}
-
-    def stream() -> None:
-        with httpx.stream("POST", f"{r.url}/generate", json={"text": "long", "stream": True}, timeout=20) as resp:
-            result["body"] = "".join(resp.iter_text())
-
-    t = threading.Thread(target=stream)
-    t.start()
+    t, result = background_stream(f"{r.url}/generate", {"text": "long", "stream": True})
     wait_until(lambda: len(a.requests()) == 1, what="stream started")
     httpx.post(f"{r.url}/workers", json={"url": b.url}).raise_for_status()
     httpx.delete(f"{r.url}/workers", params={"url": a.url}).raise_for_status()

@@ -23,20 +23,30 @@ pub async fn probe(state: &AppState, w: &Arc<Worker>) -> bool {
     ok
 }
 
-async fn health_loop(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(state.cfg.health_check_interval_secs));
+/// Every `period`, runs `each` on all registered workers concurrently and waits for all.
+async fn every_worker<F, Fut>(state: Arc<AppState>, period: Duration, each: F)
+where
+    F: Fn(Arc<AppState>, Arc<Worker>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let mut set = tokio::task::JoinSet::new();
         for w in state.registry.all().iter().cloned() {
-            let st = state.clone();
-            set.spawn(async move {
-                probe(&st, &w).await;
-            });
+            set.spawn(each(state.clone(), w));
         }
         while set.join_next().await.is_some() {}
     }
+}
+
+async fn health_loop(state: Arc<AppState>) {
+    let period = Duration::from_secs_f64(state.cfg.health_check_interval_secs);
+    every_worker(state, period, |st, w| async move {
+        probe(&st, &w).await;
+    })
+    .await
 }
 
 #[derive(serde::Deserialize)]
@@ -46,22 +56,14 @@ struct Load {
 }
 
 async fn load_loop(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(state.cfg.load_poll_interval_secs));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let period = Duration::from_secs_f64(state.cfg.load_poll_interval_secs);
     let timeout = Duration::from_secs_f64(state.cfg.load_poll_interval_secs.max(0.2) * 2.0);
-    loop {
-        tick.tick().await;
-        let mut set = tokio::task::JoinSet::new();
-        for w in state.registry.all().iter().cloned() {
-            let st = state.clone();
-            set.spawn(async move {
-                let r = get_ok(&st.client, &format!("{}/get_load", w.url), timeout).await;
-                let load = r.ok().and_then(|b| serde_json::from_slice::<Load>(&b).ok()).map(|l| l.running + l.queued);
-                w.set_reported_load(load);
-            });
-        }
-        while set.join_next().await.is_some() {}
-    }
+    every_worker(state, period, move |st, w| async move {
+        let r = get_ok(&st.client, &format!("{}/get_load", w.url), timeout).await;
+        let load = r.ok().and_then(|b| serde_json::from_slice::<Load>(&b).ok()).map(|l| l.running + l.queued);
+        w.set_reported_load(load);
+    })
+    .await
 }
 
 async fn maintenance_loop(state: Arc<AppState>) {
