@@ -7,8 +7,9 @@ changed proto or an upgraded toolchain regenerates them and concurrent processes
 
 Where the .proto is looked for, in order:
   1. $SPLITSERVE_PROTO_DIR;
-  2. <repo>/proto/ next to this package (clean clones, editable installs);
-  3. <sys.prefix>/share/splitserve/proto/ (regular installs; pyproject's data-files put it there).
+  2. <repo>/proto/ next to this package (clean clones, editable installs, and wheels, which ship
+     proto/ at their root);
+  3. <sys.prefix>/share/splitserve/proto/ (older installs).
 The cache folder is $SPLITSERVE_CACHE_DIR, else $XDG_CACHE_HOME/splitserve, else
 ~/.cache/splitserve; a temporary folder is used when none of these is writable.
 """
