@@ -137,8 +137,8 @@ class EngineCore:
     def add_request(self, req: Request) -> None:
         if req.rid in self.requests:
             raise InvalidRequestError(f"request id {req.rid!r} is already in flight", param="rid")
-        self.requests[req.rid] = req
         self.role.add(self, req)
+        self.requests[req.rid] = req
 
     def abort(self, rid: str, reason: Abort) -> StepOutput | None:
         req = self.scheduler.abort(rid, reason)
@@ -189,7 +189,7 @@ class EngineCore:
                 self.scheduler.finish(req, "stop", stop)
             elif req.finished:
                 out.new_text += req.detok.flush()
-        out.finished = req.finished
+        out.finished = req.finished and not req.hold_kv  # a held request ends when its transfer does
         return out
 
     def _run_batch(self, batch: ScheduledBatch) -> list[StepOutput]:

@@ -105,11 +105,12 @@ class Scheduler:
             self.running.remove(req)
             self._finish(req, reason, first_token if reason == "stop" else None)
 
-    def release_held(self, req: Request) -> None:
-        """The transfer no longer reads the request's pages: give them back (whole pages to the cache)."""
+    def release_held(self, req: Request, keep: bool = True) -> None:
+        """No transfer uses the request's pages any more: give them back (with ``keep``, whole computed pages
+        go to the prefix cache)."""
         self.held.remove(req)
         req.hold_kv = False
-        self.kv.release(req, keep=True)
+        self.kv.release(req, keep=keep)
 
     # -- scheduling --------------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -201,7 +202,8 @@ class Scheduler:
             produced.append(req)
             if not req.prefill_done:
                 req.prefill_done = True
-                self.kv.cache_prefix(req)
+                if not req.hold_kv:  # pages a transfer still reads must not be swapped for cached copies
+                    self.kv.cache_prefix(req)
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self.running.remove(req)
