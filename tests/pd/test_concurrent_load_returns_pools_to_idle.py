@@ -63,3 +63,11 @@ def test_concurrent_requests_beyond_the_decode_pool_all_finish_correctly(small_c
         assert agrees(ours["output_ids"], ref), (ours["output_ids"], ref["output_ids"])
     for srv in (small_cluster.prefill, small_cluster.decode):
         wait_pool_idle(srv)
+
+
+def test_a_prompt_larger_than_the_decode_pool_is_refused(small_cluster: Cluster) -> None:
+    r = httpx.post(small_cluster.router.url + "/generate", timeout=60,
+                   json={"input_ids": list(range(10, 2010)), "sampling_params": {"max_new_tokens": 4}})
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"], r.text
+    for srv in (small_cluster.prefill, small_cluster.decode):
+        wait_pool_idle(srv, timeout=30)  # the prefill side's room ends at its bootstrap deadline at the latest
