@@ -18,7 +18,7 @@ from kv_transfer import (AuxBuffer, AuxLayout, DecodeTransferManager, KVLayout, 
                          add_transfer_flags, transfer_config_from_args)
 
 log = logging.getLogger("decode_worker")
-AUX_RECORD_BYTES = 32
+AUX_RECORD_BYTES = 256  # room for the first token's logprobs (top 20) after the record's header
 
 
 class PoolMemory:

@@ -15,6 +15,7 @@ from decode_worker.config import DecodeConfig
 from engine.engine_core import EngineCore, StepOutput
 from engine.request import Abort, Request
 from engine.role import EngineRole
+from engine.sampler import TokenLogprob
 from kv_transfer import DecodeTransferManager, KVReceiver, KVTransferError, RoomState
 
 log = logging.getLogger("decode_worker")
@@ -85,7 +86,7 @@ class DecodeRole(EngineRole):
         req.hold_kv = False
         req.cached_tokens = record.cached_tokens  # prompt tokens the prefill worker found in its cache
         core.scheduler.activate(req, record.first_token_id)
-        return core.token_output(req)
+        return core.token_output(req, TokenLogprob.unpack(record.payload) if record.payload else None)
 
     def _fail(self, core: EngineCore, inc: Incoming, reason: str) -> StepOutput:
         self._close_room(inc)

@@ -6,6 +6,7 @@ presence on output) -> greedy argmax, or temperature -> top-k / top-p / min-p fi
 by (seed, output position), so its tokens do not depend on batching, preemption or which worker runs the step."""
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,17 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+
+    def pack(self) -> bytes:
+        """Compact bytes (the prefill worker sends the first token's logprobs in the aux record)."""
+        head = struct.pack("<ifB", self.token_id, self.logprob, len(self.top))
+        return head + b"".join(struct.pack("<if", t, v) for t, v in self.top)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> TokenLogprob:
+        token, logprob, n = struct.unpack_from("<ifB", data)
+        top = [struct.unpack_from("<if", data, 9 + 8 * i) for i in range(n)]
+        return cls(token, logprob, [(int(t), float(v)) for t, v in top])
 
 
 def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:

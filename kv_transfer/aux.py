@@ -1,4 +1,5 @@
-"""The aux record: first output token id, number of cached prompt tokens, room id.
+"""The aux record: first output token id, number of cached prompt tokens, room id, and an optional opaque
+payload the workers define (the first token's log-probabilities, when the request asked for them).
 
 The decode side owns an array of fixed-size records (an AuxLayout: base address, slot count,
 record stride) registered like its KV memory. The prefill side writes a room's record with its
@@ -15,8 +16,9 @@ import numpy as np
 
 from kv_transfer.errors import ConfigError, PageIndexError
 
-RECORD_FORMAT = "<qqq"  # first_token_id, cached_tokens, room  (little-endian int64s)
-RECORD_SIZE = struct.calcsize(RECORD_FORMAT)
+RECORD_FORMAT = "<qqqI"  # first_token_id, cached_tokens, room (int64s), payload length (uint32), little-endian
+RECORD_SIZE = struct.calcsize(RECORD_FORMAT)  # the header; the payload follows it
+MAX_RECORD_BYTES = 512  # the largest record a prefill worker stages
 EMPTY_ROOM = -1
 
 
@@ -25,14 +27,17 @@ class AuxRecord:
     first_token_id: int
     cached_tokens: int
     room: int
+    payload: bytes = b""
 
     def pack(self) -> bytes:
-        return struct.pack(RECORD_FORMAT, self.first_token_id, self.cached_tokens, self.room)
+        return struct.pack(RECORD_FORMAT, self.first_token_id, self.cached_tokens, self.room,
+                           len(self.payload)) + self.payload
 
     @classmethod
     def unpack(cls, data: bytes) -> "AuxRecord":
-        first, cached, room = struct.unpack(RECORD_FORMAT, data[:RECORD_SIZE])
-        return cls(first, cached, room)
+        first, cached, room, n = struct.unpack(RECORD_FORMAT, data[:RECORD_SIZE])
+        payload = bytes(data[RECORD_SIZE:RECORD_SIZE + n]) if RECORD_SIZE + n <= len(data) else b""
+        return cls(first, cached, room, payload)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class AuxLayout:
 
     def read(self, slot: int) -> AuxRecord:
         """Read a record from this process's memory (decode side)."""
-        return AuxRecord.unpack(ctypes.string_at(self.slot_address(slot), RECORD_SIZE))
+        return AuxRecord.unpack(ctypes.string_at(self.slot_address(slot), self.record_bytes))
 
     def clear(self, slot: int) -> None:
         data = AuxRecord(0, 0, EMPTY_ROOM).pack()
@@ -78,7 +83,7 @@ class AuxBuffer:
 class AuxStaging:
     """Prefill side: registered source records for aux writes, one per room being finished."""
 
-    def __init__(self, num_slots: int, record_bytes: int = 32) -> None:
+    def __init__(self, num_slots: int, record_bytes: int = MAX_RECORD_BYTES) -> None:
         self._buf = AuxBuffer(num_slots, record_bytes)
         self.region = (self._buf.layout.base, self._buf.layout.total_bytes)
         self._free: "queue.Queue[int]" = queue.Queue()
@@ -92,6 +97,10 @@ class AuxStaging:
         except queue.Empty:
             raise ConfigError("all aux staging slots are busy; raise --transfer-aux-staging-slots") from None
         data = record.pack()
+        if len(data) > self._buf.layout.record_bytes:
+            self._free.put(slot)
+            raise ConfigError(f"aux record of {len(data)} bytes exceeds the {self._buf.layout.record_bytes}-byte "
+                              "staging records")
         ctypes.memmove(self._buf.layout.slot_address(slot), data, len(data))
         return slot
 

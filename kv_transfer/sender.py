@@ -56,12 +56,13 @@ class KVSender(RoomHandle):
 
     # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
     def send(self, src_pages: Sequence[int], *, last: bool = False, first_token_id: int | None = None,
-             cached_tokens: int = 0) -> bool:
+             cached_tokens: int = 0, aux_payload: bytes = b"") -> bool:
         """Queue the next chunk: src_pages are written into the next len(src_pages) dst_pages.
 
-        With last=True the chunk must complete dst_pages, and first_token_id/cached_tokens form
-        the aux record. Returns False (nothing queued) if the room already failed; raises
-        PageIndexError / InvalidRoomError for bad input, before anything is written.
+        With last=True the chunk must complete dst_pages, and first_token_id/cached_tokens (and an
+        optional aux_payload, which must fit the decode side's aux records) form the aux record.
+        Returns False (nothing queued) if the room already failed; raises PageIndexError /
+        InvalidRoomError for bad input, before anything is written.
         """
         with self._lock:
             state = self._tracker.state
@@ -84,7 +85,11 @@ class KVSender(RoomHandle):
             if last:
                 if first_token_id is None:
                     raise InvalidRoomError(f"room {self.room}: the last chunk needs first_token_id", room=self.room)
-                aux = AuxRecord(int(first_token_id), int(cached_tokens), self.room)
+                aux = AuxRecord(int(first_token_id), int(cached_tokens), self.room, bytes(aux_payload))
+                room_bytes = self.peer.aux.record_bytes if self.peer is not None else RECORD_SIZE
+                if RECORD_SIZE + len(aux.payload) > room_bytes:
+                    raise PageIndexError(f"room {self.room}: aux payload of {len(aux.payload)} bytes does not fit "
+                                         f"the decode side's {room_bytes}-byte aux records", room=self.room)
             chunk = Chunk(src, self.dst_pages[self.pages_queued:end], last, aux)
             self.pages_queued = end
             self._last_queued = last
@@ -146,7 +151,7 @@ class KVSender(RoomHandle):
         slot = staging.acquire(chunk.aux, self._config.rpc_timeout)
         try:
             dst = peer.aux.slot_address(self.aux_slot, room=self.room)
-            peer.writer.write([(staging.address(slot), dst, RECORD_SIZE)])
+            peer.writer.write([(staging.address(slot), dst, RECORD_SIZE + len(chunk.aux.payload))])
         finally:
             staging.release(slot)
         if self._tracker.advance(RoomState.SUCCESS) and self.started is not None:

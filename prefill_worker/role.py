@@ -83,7 +83,9 @@ class PrefillRole(EngineRole):
             return  # nothing new finished since the last push
         pages = req.pages[out.start_page + out.sent:out.start_page + ready]
         if req.prefill_done:  # the whole prompt is computed: the rest, the first token and the aux record
-            sender.send(pages, last=True, first_token_id=req.output_ids[0], cached_tokens=req.cached_tokens or 0)
+            logprobs = req.output_logprobs[0].pack() if req.output_logprobs else b""
+            sender.send(pages, last=True, first_token_id=req.output_ids[0], cached_tokens=req.cached_tokens or 0,
+                        aux_payload=logprobs)
         else:
             sender.send(pages)
         out.sent, out.last_sent = ready, req.prefill_done

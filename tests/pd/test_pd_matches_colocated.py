@@ -102,3 +102,15 @@ def test_multi_turn_chat_is_identical_and_reuses_the_decode_cache(cluster: Clust
     for turn in range(1, 4):  # later turns ship only what the decode worker's cache lacks
         assert sent[turn] < 0.6 * full[turn], (turn, sent, full)
     print(f"4-turn chat: {sum(sent):.0f} bytes sent of {sum(full):.0f} ({1 - sum(sent) / sum(full):.0%} saved)")
+
+
+def test_logprobs_match_including_the_first_token(cluster: Cluster) -> None:
+    msgs = [{"role": "user", "content": "Give me numbers"}]
+    results = []
+    for url in (cluster.router.url, cluster.colocated.url):
+        fresh(cluster)
+        out = client(url).chat.completions.create(model="tiny-model-v1", messages=msgs, max_tokens=6,
+                                                  temperature=0, logprobs=True, top_logprobs=3)
+        results.append([(c.token, round(c.logprob, 4), [(t.token, round(t.logprob, 4)) for t in c.top_logprobs])
+                        for c in out.choices[0].logprobs.content])
+    assert len(results[0]) == 6 and results[0] == results[1]
