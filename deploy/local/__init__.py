@@ -1,0 +1,1 @@
+"""``splitserve up``: the whole cluster as processes on this machine (``deploy.local.up.main``)."""

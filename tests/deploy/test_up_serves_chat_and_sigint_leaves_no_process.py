@@ -1,0 +1,65 @@
+"""``splitserve up`` end to end: the cluster comes up on free ports, the printed curl and openai examples work as
+pasted, chat completions (streamed and not) go through the router with the real ``openai`` client, every process
+logs to the terminal with its prefix and to its own file, and SIGINT stops the whole process tree with status 0."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+from openai import OpenAI
+
+from tests.deploy.conftest import children_of, cmdline, wait_all_gone
+
+
+def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
+    up = up_factory("--prefill", "1", "--decode", "2")
+    router = up.wait_ready()
+    names = ["prefill-0", "decode-0", "decode-1", "router"]
+
+    # Every worker is behind the router and healthy.
+    workers = httpx.get(router + "/workers", timeout=10).json()["workers"]
+    assert sorted(w["role"] for w in workers) == ["decode", "decode", "prefill"]
+    assert all(w["healthy"] for w in workers)
+
+    # The printed curl body and openai snippet work as they are.
+    out = up.text()
+    body = re.search(r"-d '(\{.*\})'", out).group(1)
+    reply = httpx.post(router + "/v1/chat/completions", json=json.loads(body), timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"]
+    snippet = re.search(r"python - <<'PY'\n(.*?)\nPY", out, re.S).group(1)
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+
+    # The openai client, streamed and not.
+    client = OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Tell me about prefill and decode."}]
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    assert plain.choices[0].message.content and plain.usage.completion_tokens <= 12
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                                 stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == plain.choices[0].finish_reason
+    # Greedy on both paths, so the streamed text is the same text.
+    assert streamed == plain.choices[0].message.content
+
+    # Output: a prefix per process on the terminal, and one log file per process in the run folder.
+    for name in names:
+        assert re.search(rf"^{re.escape(name)}\s*\| ", out, re.M), f"no terminal line from {name}"
+        log = (up.run_dir / f"{name}.log").read_text()
+        assert "$ " in log and len(log.splitlines()) > 3, f"{name}.log is nearly empty"
+
+    tree = children_of(up.proc.pid)
+    pids = {up.pid_of(n) for n in names}
+    assert pids <= tree, f"processes {pids - tree} are not under splitserve up"
+
+    up.signal(signal.SIGINT)
+    assert up.proc.wait(90) == 0, up.text()[-3000:]
+    left = wait_all_gone(tree, 10)
+    assert not left, "left running after SIGINT: " + "; ".join(f"{p}: {cmdline(p)}" for p in left)
+    assert "stopped; logs are in" in up.text()
