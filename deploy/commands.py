@@ -24,6 +24,10 @@ class Endpoint:
         return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port}
 
 
+# Launchers start the router with quicker health checks than its default, so a restarted worker is back in seconds.
+ROUTER_DEFAULTS = ("--health-check-interval-secs", "1")
+
+
 def split_args(text: str) -> list[str]:
     """Extra flags given as one shell-quoted string (``--worker-args "--page-size 4"``)."""
     return shlex.split(text) if text else []
@@ -47,7 +51,7 @@ def decode_argv(*, host: str, port: int, model_path: str | None, extra: Sequence
 def router_argv(*, host: str, port: int, workers: Sequence[Endpoint], extra: Sequence[str] = ()) -> list[str]:
     flags = [f for w in workers for f in w.router_flags()]
     return [sys.executable, "-m", "router.launch_router", "--pd-disaggregation", *flags,
-            "--host", host, "--port", str(port), *extra]
+            "--host", host, "--port", str(port), *ROUTER_DEFAULTS, *extra]
 
 
 def url(host: str, port: int) -> str:

@@ -28,9 +28,6 @@ from deploy.local.children import Child, Terminal
 from deploy.local.config import UpConfig, UpConfigError, parse_config
 from deploy.process import free_ports, port_is_free
 
-# Quicker health checks than the router's default: a restarted worker is back in a few seconds.
-ROUTER_DEFAULTS = ["--health-check-interval-secs", "1"]
-
 
 class ClusterFailed(RuntimeError):
     """The cluster cannot serve any more (or never became ready); the message says why."""
@@ -91,8 +88,7 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
         workers.append(Child(f"decode-{i}", argv, run_dir / f"decode-{i}.log", terminal, len(workers), env,
                              url(cfg.host, port), "/health"))
         endpoints.append(Endpoint("decode", url(cfg.host, port)))
-    argv = router_argv(host=cfg.host, port=router_port, workers=endpoints,
-                       extra=[*ROUTER_DEFAULTS, *split_args(cfg.router_args)])
+    argv = router_argv(host=cfg.host, port=router_port, workers=endpoints, extra=split_args(cfg.router_args))
     router = Child("router", argv, run_dir / "router.log", terminal, len(workers), env,
                    url(cfg.host, router_port), "/readiness")
     return Plan(run_dir, model, router_port, workers, router)
