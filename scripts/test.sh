@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 VENV="${SPLITSERVE_VENV:-.venv}"
+# helm for the chart tests (tests/deploy): built once from the Go module proxy into ~/.cache/splitserve/tools.
+deploy/helm/install-helm.sh >/dev/null
 # Rust unit tests of the router workspace (prefix tree, policies, breaker, limits, ...).
 # Set SPLITSERVE_SKIP_CARGO_TEST=1 to run only pytest.
 if [ "${SPLITSERVE_SKIP_CARGO_TEST:-0}" != "1" ]; then
