@@ -54,3 +54,15 @@ def served_model(router_url: str) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return models[0]["id"] if models else None
+
+
+def first_completion(router_url: str, model: str, timeout: float = 120.0) -> tuple[int | None, str]:
+    """One-token completion through the router: the whole path (pairing, KV handshake, transfer, decode) works
+    once this succeeds. Returns (status or None, the error text)."""
+    try:
+        code, body = send_json("POST", router_url + "/v1/completions",
+                               {"model": model, "prompt": "warm-up", "max_tokens": 1}, timeout=timeout)
+    except OSError as e:
+        return None, str(e)
+    message = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
+    return code, message

@@ -125,6 +125,7 @@ class Supervisor:
             self.plan.router.start()
             self._write_state()
             self._wait_until(self._router_ready, "the router to see every worker healthy")
+            self._wait_until(self._serves, "a first request to go through prefill and decode")
             self.ready = True
             self.term.write(self._banner())
             while not self.stop.is_set():
@@ -163,6 +164,13 @@ class Supervisor:
         except (OSError, ValueError, KeyError):
             return False
         return len(workers) == len(self.plan.workers) and all(w.get("healthy") for w in workers)
+
+    def _serves(self) -> bool:
+        model = probe.served_model(self.plan.router.url) or Path(self.plan.model_path).name
+        code, message = probe.first_completion(self.plan.router.url, model)
+        if code != 200:
+            self.term.say(f"first request: status {code}: {message or 'no answer'}; trying again")
+        return code == 200
 
     # --- deaths and restarts --------------------------------------------------------------------------------
     def _tick(self) -> None:

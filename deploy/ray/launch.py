@@ -97,6 +97,7 @@ class Launcher:
                  [e.router_json() for e in endpoints])
         self.router = Tracked(self._name("router", 0), "router", handle)
         self._wait_until(self._router_ready, "the router to see every worker healthy")
+        self._wait_until(self._serves, "a first request to go through prefill and decode")
 
     def _name(self, role: str, i: int) -> str:
         return f"{self.cfg.namespace}-{role}" + ("" if role == "router" else f"-{i}")
@@ -133,6 +134,14 @@ class Launcher:
         except (OSError, ValueError, KeyError):
             return False
         return len(workers) == len(self.workers) and all(w.get("healthy") for w in workers)
+
+    def _serves(self) -> bool:
+        assert self.router and self.router.info
+        base = self.router.info["url"]
+        code, message = probe.first_completion(base, probe.served_model(base) or "")
+        if code != 200:
+            log(f"first request: status {code}: {message or 'no answer'}; trying again")
+        return code == 200
 
     # --- watching -------------------------------------------------------------------------------------------
     def _poll(self) -> None:

@@ -1,6 +1,6 @@
 """A real single-node Ray head on 127.0.0.1 for the launcher test: ``ray start --head --block`` in its own session,
-on free ports, with a small object store; stopped by signalling every process of that session (``ray stop`` would
-stop every Ray cluster on the machine, so it is not used)."""
+on free ports, with a small object store; stopped through that process and then by signalling whatever is left of
+its session (``ray stop`` would stop every Ray cluster on the machine, so it is not used)."""
 from __future__ import annotations
 
 import os
@@ -67,9 +67,15 @@ class RayHead:
         return (Path(self.temp_dir) / "ray-start.log").read_text()[-4000:]
 
     def stop(self) -> list[int]:
-        """SIGTERM every process of the head's session, SIGKILL what is left after 15 s; returns what needed it."""
+        """SIGINT to ``ray start --block`` (it then stops the processes it started); anything of the head's session
+        still there after that gets SIGTERM, then SIGKILL. Returns the PIDs that survived all of it."""
         sid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             left = session_members(sid)
             for pid in left:
                 try:
