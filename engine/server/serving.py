@@ -73,13 +73,13 @@ def abort_error(req: Request) -> APIError | None:
     return APIError(500, f"request aborted: {detail}", "request_aborted")
 
 
-async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> list[StepOutput]:
-    """Run to completion; if the client disconnects first, abort the requests and stop."""
-    outputs: list[StepOutput] = []
+async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> None:
+    """Run to completion (text and logprobs accumulate on the requests); if the client disconnects first,
+    abort the requests and stop."""
 
     async def consume() -> None:
-        async for out in ctx.engine.generate(reqs):
-            outputs.append(out)
+        async for _ in ctx.engine.generate(reqs):
+            pass
 
     task = asyncio.ensure_future(consume())
     try:
@@ -96,7 +96,6 @@ async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -
         err = abort_error(req)
         if err is not None:
             raise err
-    return outputs
 
 
 async def start_stream(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> AsyncIterator[StepOutput]:
