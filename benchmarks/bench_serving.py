@@ -137,9 +137,9 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
         print(f"plot: {plot}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "bench_serving") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(prog="splitserve bench" if sys.argv[0].endswith("splitserve") else "bench_serving")
+    parser = build_parser(prog=prog)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     try:

@@ -174,4 +174,5 @@ def describe(cfg: WorkloadConfig, items: list[Item], tm: TextMaker) -> dict[str,
         for it in items:
             counts[it.group or 0] += 1
         out["group_counts"] = counts
+        out["item_groups"] = [it.group for it in items]
     return out
