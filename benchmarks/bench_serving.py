@@ -102,6 +102,8 @@ async def run_benchmark(cfg: BenchConfig, argv: list[str]) -> tuple[dict[str, An
         target["warmup"] = await _warmup(client, cfg, tm)
         for rate, conc in cfg.load.phases():
             flush = await _flush(client) if cfg.target.flush_cache else None
+            if flush not in (None, "flushed") and not phases:
+                log.warning("%s (the target may not offer /flush_cache; --no-flush-cache silences this)", flush)
             before = await _scrape(cfg)
             run = await run_phase(client, items, rate, conc, cfg.load, cfg.workload.seed, cfg.output.progress)
             after = await _scrape(cfg)

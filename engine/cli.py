@@ -12,7 +12,11 @@ from engine.tiny_model import DEFAULT_SEED, write_tiny_model
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # every flag after "bench" belongs to the load tool
-        from benchmarks.bench_serving import main as bench_main
+        try:
+            from benchmarks.bench_serving import main as bench_main
+        except ModuleNotFoundError as e:
+            raise SystemExit(f"splitserve bench needs the 'bench' extra ({e.name} is missing): "
+                             "pip install 'splitserve[bench]'") from None
         bench_main(argv[1:], prog="splitserve bench")
         return
     parser = argparse.ArgumentParser(prog="splitserve", description="SplitServe command line")

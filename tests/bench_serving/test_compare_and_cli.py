@@ -75,3 +75,10 @@ def test_splitserve_help_lists_both_subcommands():
                          timeout=60)
     assert res.returncode == 0
     assert "tiny-model" in res.stdout and "bench" in res.stdout
+
+
+def test_a_progress_bar_shows_while_running(fault_server, tmp_path, capsys):
+    srv = fault_server(itl_ms=5)
+    bench_main(["--base-url", srv.url, *ARGS, "--no-plots", "--output", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert "rate=inf" in err and "3/3" in err
