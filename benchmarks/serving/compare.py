@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serving.plots import latency_cdfs, load_curves
-from benchmarks.serving.report import load_result, markdown_table
+from benchmarks.serving.report import load_result, markdown_table, tag_as_phase
 
 
 def _labels(results: list[dict[str, Any]], paths: list[str]) -> list[str]:
@@ -23,6 +23,10 @@ def compare_text(results: list[dict[str, Any]], labels: list[str]) -> str:
         cols = [(lab, r["phases"][i]) for lab, r in zip(labels, results) if i < len(r["phases"])]
         names = sorted({ph["name"] for _, ph in cols})
         parts.append(f"### phase {i + 1}: {' / '.join(names)}\n\n" + markdown_table(cols, ratios=True))
+        tags = set.intersection(*(set(ph.get("by_tag") or {}) for _, ph in cols))
+        for tag in sorted(tags):  # e.g. the short chats of the interference workload, compared on their own
+            tag_cols = [(lab, tag_as_phase(ph["by_tag"][tag])) for lab, ph in cols]
+            parts.append(f"#### phase {i + 1}, tag {tag}\n\n" + markdown_table(tag_cols, ratios=True))
     workloads = {lab: (r.get("workload") or {}).get("name") for lab, r in zip(labels, results)}
     if len(set(workloads.values())) > 1:
         parts.append("note: the runs used different workloads: " + ", ".join(f"{k}={v}" for k, v in

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 Run = tuple[str, dict[str, Any]]  # (label, result JSON)
+LINESTYLES = ("-", "--", ":", "-.")
 CDF_PANELS = (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 
 
@@ -32,14 +33,17 @@ def latency_cdfs(runs: list[Run], path: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     drawn = 0
     for ax, (key, title) in zip(axes.flat, CDF_PANELS):
-        for label, result in runs:
-            for phase in result["phases"]:
+        for i, (label, result) in enumerate(runs):
+            for j, phase in enumerate(result["phases"]):
                 v = _values(phase, key)
                 if not v:
                     continue
-                y = [(i + 1) / len(v) for i in range(len(v))]
+                y = [(k + 1) / len(v) for k in range(len(v))]
+                # one run: a colour per phase; several: a colour per run, a line style per phase
+                style = {"color": f"C{j % 10}"} if len(runs) == 1 else {
+                    "color": f"C{i % 10}", "linestyle": LINESTYLES[j % len(LINESTYLES)]}
                 name = phase["name"] if len(runs) == 1 else f"{label} {phase['name']}"
-                ax.step(v, y, where="post", label=name)
+                ax.step(v, y, where="post", label=name, **style)
                 drawn += 1
         ax.set_title(f"{title} CDF")
         ax.set_xlabel("ms")

@@ -158,11 +158,14 @@ def markdown_table(columns: list[tuple[str, dict[str, Any]]], ratios: bool = Fal
     return "\n".join(lines)
 
 
+def tag_as_phase(tag_summary: dict[str, Any]) -> dict[str, Any]:
+    """A by_tag entry shaped like a phase for the tables (throughputs belong to the phase, not a tag)."""
+    return {**tag_summary, "request_throughput": None, "output_token_throughput": None,
+            "total_token_throughput": None, "goodput": {"fraction": tag_summary.get("goodput_fraction")}}
+
+
 def by_tag_table(phase: dict[str, Any]) -> str | None:
     tags = phase.get("by_tag")
     if not tags:
         return None
-    return markdown_table([(f"tag {t}", {**v, "request_throughput": None, "output_token_throughput": None,
-                                         "total_token_throughput": None,
-                                         "goodput": {"fraction": v.get("goodput_fraction")}})
-                           for t, v in tags.items()])
+    return markdown_table([(f"tag {t}", tag_as_phase(v)) for t, v in tags.items()])

@@ -18,8 +18,10 @@ ARGS = ("--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--warmup
 
 def test_compare_prints_side_by_side_with_ratios_and_plots_together(fault_server, run_bench, tmp_path, capsys):
     fast, slow = fault_server(ttft_ms=20, itl_ms=5), fault_server(ttft_ms=120, itl_ms=5)
-    run_bench(fast.url, *ARGS, "--label", "fast", "--request-rate", "50", "inf", "--arrival", "constant")
-    run_bench(slow.url, *ARGS, "--label", "slow", "--request-rate", "50", "inf", "--arrival", "constant")
+    sweep = ("--workload", "interference", "--long-every", "3", "--long-prompt-len", "8", "--long-output-len", "2",
+             "--request-rate", "50", "inf", "--arrival", "constant")
+    run_bench(fast.url, *ARGS, *sweep, "--label", "fast")
+    run_bench(slow.url, *ARGS, *sweep, "--label", "slow")
     capsys.readouterr()
     out = tmp_path / "cmp.png"
     a, b = (str(p) for p in run_bench.paths)
@@ -30,6 +32,7 @@ def test_compare_prints_side_by_side_with_ratios_and_plots_together(fault_server
     ttft_row = next(line for line in text.splitlines() if line.startswith("| TTFT p50 (ms)"))
     ratio = float(ttft_row.split("(")[-1].split("x)")[0])
     assert ratio > 2  # 120 ms against 20 ms injected
+    assert "#### phase 1, tag long" in text and "#### phase 2, tag short" in text  # each class on its own too
     for png in (out, tmp_path / "cmp-cdf.png"):
         assert matplotlib.image.imread(png).shape[0] > 100
 
