@@ -131,6 +131,9 @@ def print_summary(result: dict[str, Any], out: Path) -> None:
         tags = by_tag_table(p)
         if tags:
             print(f"\n{p['name']} by tag:\n\n{tags}")
+        if p["itl_coverage"] is not None and p["itl_coverage"] < 0.9:
+            print(f"\n{p['name']}: only {p['itl_coverage']:.0%} of token gaps arrived as separate chunks, so ITL "
+                  "is timed between chunks (TPOT is exact; --backend generate streams every token)")
         if p["failed"] or p["not_sent"]:
             print(f"\n{p['name']}: {p['failed']} failed {p['errors']}, {p['not_sent']} not sent; "
                   f"samples: {p['error_samples']}")

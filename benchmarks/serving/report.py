@@ -121,14 +121,13 @@ ROWS: list[tuple[str, Any]] = [
     ("TTFT p50 (ms)", _lat("ttft_ms", "p50")), ("TTFT p90 (ms)", _lat("ttft_ms", "p90")),
     ("TTFT p99 (ms)", _lat("ttft_ms", "p99")),
     ("ITL p50 (ms)", _lat("itl_ms", "p50")), ("ITL p99 (ms)", _lat("itl_ms", "p99")),
+    ("ITL max (ms)", _lat("itl_ms", "max")),
     ("TPOT p50 (ms)", _lat("tpot_ms", "p50")), ("TPOT p99 (ms)", _lat("tpot_ms", "p99")),
     ("E2E p50 (ms)", _lat("e2e_ms", "p50")), ("E2E p99 (ms)", _lat("e2e_ms", "p99")),
     ("prefix cache hit rate (server)", lambda ph: (ph.get("server_metrics") or {}).get("prefix_cache_hit_rate")),
     ("cached tokens (usage)", lambda ph: ph.get("total_cached_tokens")),
     ("KV transfer bytes", lambda ph: (ph.get("server_metrics") or {}).get("kv_transfer_bytes")),
 ]
-# Rows where smaller is better (latencies): the ratio column reads the same either way, but say so.
-LOWER_IS_BETTER = {r for r, _ in ROWS if "(ms)" in r}
 
 
 def _fmt(v: Any) -> str:

@@ -79,6 +79,10 @@ def summarize_phase(records: list[RequestRecord], duration: float, slo: SLO) -> 
     dur = max(duration, 1e-9)
     good = sum(slo.met(r) for r in sent) if slo.active else None
     mismatched = sum(1 for r in ok if r.output_tokens is not None and r.output_tokens != r.planned_output)
+    # ITL is timed between chunks; when a stream merges tokens (or skips tokens without text) there are fewer
+    # gaps than tokens. 1.0 means one chunk per token; TPOT, from the server's counts, is exact either way.
+    token_gaps = sum(max((r.output_tokens or 0) - 1, 0) for r in ok)
+    itl_coverage = sum(len(r.itl) for r in ok) / token_gaps if token_gaps else None
     summary: dict[str, Any] = {
         "duration_s": duration,
         "requests_planned": len(records),
@@ -100,6 +104,7 @@ def summarize_phase(records: list[RequestRecord], duration: float, slo: SLO) -> 
         "usage_cache_hit_rate": cached / prompt if prompt and any(r.cached_tokens is not None for r in ok)
         else None,
         "tokens_source": sorted({r.tokens_source for r in ok if r.tokens_source}),
+        "itl_coverage": itl_coverage,
         "goodput": None if good is None else {
             "slo": slo.to_json(), "requests": good, "request_rate": good / dur,
             "fraction": good / len(sent) if sent else 0.0},

@@ -29,6 +29,7 @@ def test_ttft_itl_tpot_e2e_match_injected_delays(backend, fault_server, run_benc
         assert expect_e2e - EARLY_SLACK_MS <= r["e2e_s"] * 1000 <= expect_e2e + LATE_MS
         assert r["output_tokens"] == OUT and r["prompt_tokens"] == 12  # the server counts words
     assert ph["ttft_ms"]["count"] == 4 and ph["itl_ms"]["count"] == 4 * (OUT - 1)
+    assert ph["itl_coverage"] == 1.0  # one chunk per token here, so ITL is per token
     assert TTFT_MS - EARLY_SLACK_MS <= ph["ttft_ms"]["p50"] <= TTFT_MS + LATE_MS
     assert ph["itl_ms"]["mean"] == pytest.approx(ITL_MS, abs=15)
     assert ph["tokens_source"] == (["meta_info"] if backend == "generate" else ["usage"])
