@@ -79,8 +79,9 @@ async def _flush(client: Client) -> str:
 
 def _phase_json(run: PhaseRun, cfg: BenchConfig, slo: SLO, metrics: dict[str, Any] | None,
                 flush: str | None) -> dict[str, Any]:
+    arrival = cfg.load.arrival if math.isfinite(run.rate) else "all-at-once"
     phase = {"name": phase_name(run.rate, run.concurrency), "request_rate": run.rate,
-             "max_concurrency": run.concurrency, "arrival": cfg.load.arrival if math.isfinite(run.rate) else "all-at-once",
+             "max_concurrency": run.concurrency, "arrival": arrival,
              "hit_max_duration": run.hit_deadline, "cache_flush": flush,
              **summarize_phase(run.records, run.duration, slo), "server_metrics": metrics}
     if cfg.output.save_requests:
@@ -90,8 +91,8 @@ def _phase_json(run: PhaseRun, cfg: BenchConfig, slo: SLO, metrics: dict[str, An
 
 async def run_benchmark(cfg: BenchConfig, argv: list[str]) -> tuple[dict[str, Any], Path]:
     started, t0 = now_iso(), time.perf_counter()
-    auth = {"Authorization": f"Bearer {cfg.target.api_key}"} if cfg.target.api_key else {}
-    choice = await asyncio.to_thread(resolve_tokenizer, cfg.target.tokenizer, cfg.target.base_url, auth)
+    choice = await asyncio.to_thread(resolve_tokenizer, cfg.target.tokenizer, cfg.target.base_url,
+                                     cfg.target.auth_headers)
     tm = TextMaker(choice.tokenizer)
     items = build_items(cfg.workload, tm)
     slo = SLO(cfg.output.slo_ttft_ms, cfg.output.slo_tpot_ms, cfg.output.slo_e2e_ms)
@@ -118,8 +119,8 @@ async def run_benchmark(cfg: BenchConfig, argv: list[str]) -> tuple[dict[str, An
 async def _scrape(cfg: BenchConfig) -> dict[str, Any] | None:
     if not cfg.target.scrape_metrics:
         return None
-    auth = {"Authorization": f"Bearer {cfg.target.api_key}"} if cfg.target.api_key else {}
-    return await asyncio.to_thread(scrape, cfg.target.metrics_urls, cfg.target.metrics_prefix, auth)
+    return await asyncio.to_thread(scrape, cfg.target.metrics_urls, cfg.target.metrics_prefix,
+                                   cfg.target.auth_headers)
 
 
 def print_summary(result: dict[str, Any], out: Path) -> None:
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None, prog: str = "bench_serving") -> int:
                 print(f"plot: {p}")
             return 0
         result, out = asyncio.run(run_benchmark(cfg, argv))
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError) as e:
         parser.error(str(e))
     if cfg.output.plots:
         result["plots"] = [str(p) for p in write_plots([(result["label"], result)], out)]

@@ -99,9 +99,7 @@ class Client:
         self.model = model
         self.tm = tm
         self.url = target.base_url.rstrip("/") + PATHS[target.backend]
-        self.headers = {"Content-Type": "application/json"}
-        if target.api_key:
-            self.headers["Authorization"] = f"Bearer {target.api_key}"
+        self.headers = {"Content-Type": "application/json", **target.auth_headers}
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks.serving.config import ConfigError
 from benchmarks.serving.plots import latency_cdfs, load_curves
 from benchmarks.serving.report import load_result, markdown_table, tag_as_phase
 
@@ -37,7 +38,7 @@ def compare_text(results: list[dict[str, Any]], labels: list[str]) -> str:
 def run_compare(paths: list[str], out: str, plots: bool = True) -> tuple[str, list[Path]]:
     """The side-by-side text and the plot files written (none when ``plots`` is off)."""
     if len(paths) < 1:
-        raise ValueError("--compare needs at least one result JSON")
+        raise ConfigError("--compare needs at least one result JSON")
     results = [load_result(p) for p in paths]
     labels = _labels(results, paths)
     text = compare_text(results, labels)

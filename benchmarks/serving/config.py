@@ -58,6 +58,10 @@ class TargetConfig:
             raise ConfigError("--request-timeout must be a positive number of seconds")
 
     @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
     def metrics_urls(self) -> list[str]:
         return list(self.metrics_url) if self.metrics_url else [self.base_url.rstrip("/") + "/metrics"]
 

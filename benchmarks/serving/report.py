@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving.config import BenchConfig
+from benchmarks.serving.config import BenchConfig, ConfigError
 
 SCHEMA = "splitserve.bench_serving/1"
 TOP_LEVEL_FIELDS = ("schema", "label", "command", "config", "target", "workload", "versions", "machine",
@@ -73,10 +73,29 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+REDACTED = "<redacted>"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The command line without the API key's value (``--api-key KEY`` or ``--api-key=KEY``)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i > 0 and argv[i - 1] == "--api-key":
+            out.append(REDACTED)
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=" + REDACTED)
+        else:
+            out.append(arg)
+    return out
+
+
 def build_result(cfg: BenchConfig, argv: list[str], target: dict[str, Any], workload: dict[str, Any],
                  phases: list[dict[str, Any]], started_at: str, duration: float) -> dict[str, Any]:
+    config = dataclasses.asdict(cfg)
+    if config["target"]["api_key"]:
+        config["target"]["api_key"] = REDACTED
     return jsonable({
-        "schema": SCHEMA, "label": cfg.label, "command": argv, "config": dataclasses.asdict(cfg),
+        "schema": SCHEMA, "label": cfg.label, "command": redact_argv(argv), "config": config,
         "target": target, "workload": workload, "versions": versions(), "machine": machine(),
         "started_at": started_at, "finished_at": now_iso(), "duration_s": duration, "phases": phases,
         "plots": [],
@@ -98,11 +117,11 @@ def load_result(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{p}: no such result file") from None
+        raise ConfigError(f"{p}: no such result file") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not JSON ({e.msg}); pass result files written by bench_serving") from None
+        raise ConfigError(f"{p}: not JSON ({e.msg}); pass result files written by bench_serving") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"{p}: not a bench_serving result (schema {SCHEMA!r} expected)")
+        raise ConfigError(f"{p}: not a bench_serving result (schema {SCHEMA!r} expected)")
     return data
 
 

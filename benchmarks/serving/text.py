@@ -4,11 +4,16 @@ exists on this machine."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from benchmarks.serving.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Plain English words; prompts are random sequences of them (readable, and tokenized like ordinary text).
 WORDS = tuple("""
@@ -71,13 +76,16 @@ class _Transformers:
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path)
-    if p.is_file():
-        return _HFTokenizers(p)
-    if (p / "tokenizer.json").is_file():
-        return _HFTokenizers(p / "tokenizer.json")
-    if p.is_dir():
+    if not p.exists():
+        raise ConfigError(f"--tokenizer {path}: no tokenizer.json file or Hugging Face folder there")
+    try:
+        if p.is_file():
+            return _HFTokenizers(p)
+        if (p / "tokenizer.json").is_file():
+            return _HFTokenizers(p / "tokenizer.json")
         return _Transformers(p)
-    raise FileNotFoundError(f"--tokenizer {path}: no tokenizer.json file or Hugging Face folder there")
+    except Exception as e:  # noqa: BLE001 - tokenizers/transformers raise many kinds; all mean "cannot load"
+        raise ConfigError(f"--tokenizer {path}: cannot load it ({type(e).__name__}: {e})") from None
 
 
 @dataclass(frozen=True)
@@ -105,8 +113,8 @@ def resolve_tokenizer(flag: str | None, base_url: str, headers: dict[str, str], 
     if isinstance(path, str) and Path(path).is_dir():
         try:
             return TokenizerChoice(load_tokenizer(path), "server", path)
-        except (OSError, ValueError):
-            pass
+        except ConfigError as e:
+            log.warning("the target's model folder %s has no usable tokenizer (%s); sizing prompts in words", path, e)
     return TokenizerChoice(None, "none", None)
 
 

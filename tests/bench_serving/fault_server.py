@@ -2,11 +2,12 @@
 load tool's measurements can be checked against ground truth.
 
 Every request streams ``max_tokens`` one-word tokens: the first ``--ttft-ms`` after the request arrived, each
-later one ``--itl-ms`` after the previous (scheduled on absolute times, so the gaps do not drift). Faults by the
-request's arrival number n (1-based): n % --fail-every == 0 gets an HTTP --fail-status error; n % --stream-error-every
-== 0 streams one token then an error event; n % --drop-every == 0 streams one token then drops the connection.
-Prompt tokens are the prompt's words; /metrics counts them (and --kv-bytes-per-token bytes of fake KV transfer per
-prompt token, the way a PD worker would report them). GET /stats tells the most requests ever in flight at once.
+later one ``--itl-ms`` after the previous (scheduled on absolute times, so the gaps do not drift). Faults by
+the request's arrival number n (1-based): n % --fail-every == 0 gets an HTTP --fail-status error;
+n % --stream-error-every == 0 streams one token then an error event; n % --drop-every == 0 streams one token
+then drops the connection. --require-key KEY answers 401 without that key. Prompt tokens are the prompt's
+words; /metrics counts them (and --kv-bytes-per-token bytes of fake KV transfer per prompt token, the way a
+PD worker would report them). GET /stats tells the most requests ever in flight at once.
 
     python -m tests.bench_serving.fault_server --port 31000 --ttft-ms 200 --itl-ms 40 --fail-every 3
 """
@@ -66,6 +67,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     a = st.args
     body = await request.json()
     path = request.path
+    if a.require_key and request.headers.get("Authorization") != f"Bearer {a.require_key}":
+        return web.json_response({"error": {"message": "missing or wrong API key", "type": "authentication_error",
+                                            "code": "invalid_api_key"}}, status=401)
     if a.fail_every and n % a.fail_every == 0:
         return web.json_response({"error": {"message": f"injected failure of request {n}", "type": "server_error",
                                             "code": str(a.fail_status)}}, status=a.fail_status)
@@ -160,6 +164,7 @@ def main() -> None:
     p.add_argument("--stream-error-every", type=int, default=0)
     p.add_argument("--drop-every", type=int, default=0)
     p.add_argument("--kv-bytes-per-token", type=int, default=0)
+    p.add_argument("--require-key", default="")
     args = p.parse_args()
     web.run_app(build_app(args), host="127.0.0.1", port=args.port, print=None, access_log=None)
 

@@ -85,3 +85,13 @@ def test_a_progress_bar_shows_while_running(fault_server, tmp_path, capsys):
     bench_main(["--base-url", srv.url, *ARGS, "--no-plots", "--output", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert "rate=inf" in err and "3/3" in err
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not a tokenizer")
+    for path in (bad, tmp_path / "missing"):
+        with pytest.raises(SystemExit) as exc:
+            bench_main(["--tokenizer", str(path), "--no-progress"])
+        assert exc.value.code == 2
+        assert f"--tokenizer {path}" in capsys.readouterr().err

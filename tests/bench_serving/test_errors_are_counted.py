@@ -1,6 +1,8 @@
 """Failed requests are counted by kind, keep their messages, and lower goodput; none is dropped or hidden."""
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from tests.helpers import free_port
@@ -66,3 +68,13 @@ def test_multi_turn_conversation_stops_at_a_failed_turn(fault_server, run_bench)
     assert ph["completed"] == 1 and ph["failed"] == 1 and ph["not_sent"] == 1
     assert httpx.get(srv.url + "/stats").json()["arrivals"] == 2
     _check_totals(ph, 3)
+
+
+def test_api_key_is_sent_but_never_recorded(fault_server, run_bench):
+    srv = fault_server(require_key="s3cret")
+    ok = run_bench(srv.url, "--num-prompts", "2", *ARGS, "--api-key", "s3cret")
+    assert ok["phases"][0]["completed"] == 2
+    assert "s3cret" not in json.dumps(ok)
+    assert ok["config"]["target"]["api_key"] == "<redacted>"
+    refused = run_bench(srv.url, "--num-prompts", "2", *ARGS, "--api-key=wrong")["phases"][0]
+    assert refused["errors"] == {"http_401": 2}

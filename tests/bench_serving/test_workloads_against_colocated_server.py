@@ -12,8 +12,8 @@ PHASE = {"name", "request_rate", "max_concurrency", "arrival", "hit_max_duration
          "requests_planned", "requests_sent", "not_sent", "completed", "failed", "errors", "error_samples",
          "request_throughput", "input_token_throughput", "output_token_throughput", "total_token_throughput",
          "total_input_tokens", "total_output_tokens", "total_cached_tokens", "planned_output_tokens",
-         "output_len_mismatches", "usage_cache_hit_rate", "tokens_source", "itl_coverage", "goodput", "ttft_ms", "itl_ms",
-         "tpot_ms", "e2e_ms", "server_metrics", "requests"}
+         "output_len_mismatches", "usage_cache_hit_rate", "tokens_source", "itl_coverage", "goodput", "ttft_ms",
+         "itl_ms", "tpot_ms", "e2e_ms", "server_metrics", "requests"}
 DIST = {"count", "mean", "min", "p50", "p90", "p99", "max"}
 PAGE = 4  # the colocated fixture's page size: prefix matches are page-aligned
 SMALL = ("--warmup-requests", "1", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000")
