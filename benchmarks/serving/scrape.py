@@ -47,15 +47,23 @@ def _counts_up(name: str, types: dict[str, str]) -> bool:
     return name.endswith(_COUNTER_SUFFIXES)
 
 
+# No proxies: the scrapes go exactly where the user pointed them, whatever http_proxy says.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def fetch_text(url: str, headers: dict[str, str] | None = None, timeout: float = 10.0) -> str:
+    """GET ``url`` directly (never through a proxy) and return the body as text."""
+    with _OPENER.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
+        return resp.read().decode("utf-8", "replace")
+
+
 def scrape(urls: list[str], prefix: str, headers: dict[str, str] | None = None, timeout: float = 10.0
            ) -> dict[str, Any]:
     """One scrape of every URL; a URL that fails is recorded with its error, never fatal."""
     result: dict[str, Any] = {}
     for url in urls:
         try:
-            req = urllib.request.Request(url, headers=headers or {})
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own target
-                text = resp.read().decode("utf-8", "replace")
+            text = fetch_text(url, headers, timeout)
             series, counters = parse_prometheus(text, prefix)
             result[url] = {"ok": True, "error": None, "series": series, "counters": sorted(counters)}
         except (urllib.error.URLError, OSError, ValueError) as e:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import random
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from benchmarks.serving.config import ConfigError
+from benchmarks.serving.scrape import fetch_text
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,7 @@ def resolve_tokenizer(flag: str | None, base_url: str, headers: dict[str, str], 
     if flag:
         return TokenizerChoice(load_tokenizer(flag), "flag", flag)
     try:
-        req = urllib.request.Request(base_url.rstrip("/") + "/get_model_info", headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own target
-            info = json.loads(resp.read())
+        info = json.loads(fetch_text(base_url.rstrip("/") + "/get_model_info", headers, timeout))
         path = info.get("model_path") or info.get("tokenizer_path")
     except (OSError, ValueError, AttributeError):
         path = None

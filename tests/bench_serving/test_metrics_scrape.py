@@ -67,3 +67,15 @@ def test_scraping_can_be_turned_off(fault_server, run_bench):
     srv = fault_server()
     ph = run_bench(srv.url, "--num-prompts", "1", "--output-len", "2", "--no-scrape-metrics")["phases"][0]
     assert ph["server_metrics"] is None and ph["completed"] == 1
+
+
+def test_proxy_settings_do_not_redirect_any_traffic(fault_server, run_bench, monkeypatch):
+    srv = fault_server()
+    dead = "http://127.0.0.1:9"  # nothing listens there: anything sent through it would fail
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, dead)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    ph = run_bench(srv.url, "--num-prompts", "2", "--output-len", "2", "--warmup-requests", "0")["phases"][0]
+    assert ph["completed"] == 2
+    assert ph["server_metrics"]["scrape_errors"] == {} and ph["server_metrics"]["generation_tokens"] == 4
