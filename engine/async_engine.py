@@ -63,9 +63,10 @@ class AsyncEngine:
     def _run(self) -> None:
         core = self.core
         while True:
-            block = not core.has_work and not self._stopping
+            wait = None if not self._stopping else 0.0
+            wait = core.idle_wait() if wait is None else wait
             try:
-                cmds = [self._inbox.get(block=block, timeout=None if block else 0)]
+                cmds = [self._inbox.get(block=wait != 0.0, timeout=wait)] if wait != 0.0 else []
             except queue.Empty:
                 cmds = []
             while True:
@@ -78,6 +79,7 @@ class AsyncEngine:
                 self._apply(kind, arg, outputs)
             if self._stopping and not core.has_work:
                 self._deliver(outputs)
+                core.role.close()
                 return
             try:
                 outputs.extend(core.step())

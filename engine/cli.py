@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from benchmarks.bench_serving import main as bench_main
         except ModuleNotFoundError as e:
-            raise SystemExit(f"splitserve bench needs the 'bench' extra ({e.name} is missing): "
-                             "pip install 'splitserve[bench]'") from None
+            raise SystemExit(f"splitserve bench needs {e.name}: pip install aiohttp matplotlib tqdm "
+                             "(or the 'bench' extra: pip install 'splitserve[bench]')") from None
         bench_main(argv[1:], prog="splitserve bench")
         return
     parser = argparse.ArgumentParser(prog="splitserve", description="SplitServe command line")

@@ -60,7 +60,11 @@ class IncrementalDetokenizer:
         return 0
 
     def flush(self) -> str:
-        """At the end (length, stop token): whatever was held back for a stop string that never came."""
-        out, self._held = self._held, ""
+        """At the end (length, stop token): text held back for a stop string that never came, and tokens
+        still waiting to complete a UTF-8 sequence (decoded as they are)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        out, self._held = self._held + full[len(prefix):], ""
         self.text += out
         return out

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,11 +21,12 @@ from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.models import load_model
 from engine.request import Abort, Request
+from engine.role import EngineRole
 from engine.runner.attention import create_backend
 from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import Tokenizer
 
@@ -58,8 +60,13 @@ def _pool_tokens(cfg: EngineConfig, bytes_per_token: int, device: torch.device) 
 
 
 class EngineCore:
-    def __init__(self, cfg: EngineConfig, kv_buffer: memoryview | None = None) -> None:
+    """``kv_buffer`` maps the pool's byte size to memory to build it in (the decode worker's shared segment);
+    ``role`` adds a worker role's hooks around each step."""
+
+    def __init__(self, cfg: EngineConfig, kv_buffer: Callable[[int], memoryview] | None = None,
+                 role: EngineRole | None = None) -> None:
         self.cfg = cfg
+        self.role = role or EngineRole()
         mc = cfg.model
         self.model_dir = Path(mc.model_path) if mc.model_path else ensure_tiny_model()
         self.device = resolve_device(mc.device)
@@ -76,7 +83,8 @@ class EngineCore:
         num_pages = max(2, tokens // page + 1)  # +1: the reserved null page
         self.kv_shape = KVShape(self.arch.num_layers, num_pages, page, self.arch.num_kv_heads,
                                 self.arch.head_dim, self.dtype)
-        self.pool = KVPool(self.kv_shape, self.device, kv_buffer)
+        self.pool = KVPool(self.kv_shape, self.device,
+                           kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
                                    RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy))
@@ -129,54 +137,69 @@ class EngineCore:
     def add_request(self, req: Request) -> None:
         if req.rid in self.requests:
             raise InvalidRequestError(f"request id {req.rid!r} is already in flight", param="rid")
+        self.role.add(self, req)
         self.requests[req.rid] = req
-        self.scheduler.add(req)
 
     def abort(self, rid: str, reason: Abort) -> StepOutput | None:
         req = self.scheduler.abort(rid, reason)
         if req is None:
             return None
         self.requests.pop(rid, None)
+        self.role.on_abort(self, req)
         return StepOutput(req, finished=True)
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self.scheduler.has_pending
+
+    def idle_wait(self) -> float | None:
+        """How long the engine thread may wait for new commands: 0 with work to compute, the role's poll
+        interval while only transfers are pending, None (indefinitely) when idle."""
+        if self.scheduler.has_work:
+            return 0.0
+        return self.role.poll_interval_s if self.scheduler.has_pending else None
 
     # -- one iteration -----------------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        outputs = self.role.before_step(self)
         batch = self.scheduler.schedule()
-        if batch is None:
-            return []
+        if batch is not None:
+            outputs += self._run_batch(batch)
+        outputs += self.role.after_step(self, batch)
+        for out in outputs:
+            if out.finished:
+                self.requests.pop(out.req.rid, None)
+        return outputs
+
+    def token_output(self, req: Request, lp: TokenLogprob | None = None) -> StepOutput:
+        """The output for a request's newest token: timing, logprobs, incremental text, stop strings."""
+        token = req.output_ids[-1]
+        out = StepOutput(req, [token])
+        if lp is not None:
+            req.output_logprobs.append(lp)
+            out.logprobs.append(lp)
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        if req.detok is not None:
+            text, stop = req.detok.add([token])
+            out.new_text = text
+            if stop is not None and not req.finished:
+                self.scheduler.finish(req, "stop", stop)
+            elif req.finished:
+                out.new_text += req.detok.flush()
+        out.finished = req.finished and not req.hold_kv  # a held request ends when its transfer does
+        return out
+
+    def _run_batch(self, batch: ScheduledBatch) -> list[StepOutput]:
         self.num_steps += 1
         logits, sampled = self.runner.forward(batch)
         reqs = [s.req for s in sampled]
         tokens, logprobs = sample(logits, reqs, self.generator) if reqs else ([], [])
         produced = self.scheduler.update(batch, dict(zip(reqs, tokens)))
         lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}
-        now = time.monotonic()
-        outputs = []
-        for req in produced:
-            token = req.output_ids[-1]
-            out = StepOutput(req, [token])
-            if req in lp_of:
-                req.output_logprobs.append(lp_of[req])
-                out.logprobs.append(lp_of[req])
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.last_token_time = now
-            if req.detok is not None:
-                text, stop = req.detok.add([token])
-                out.new_text = text
-                if stop is not None and not req.finished:
-                    self.scheduler.finish(req, "stop", stop)
-                elif req.finished:
-                    out.new_text += req.detok.flush()
-            out.finished = req.finished
-            if req.finished:
-                self.requests.pop(req.rid, None)
-            outputs.append(out)
-        return outputs
+        return [self.token_output(req, lp_of.get(req)) for req in produced]
 
     def run_to_completion(self, reqs: list[Request], max_steps: int = 100_000) -> None:
         """Add ``reqs`` and step until all finish (for tests and offline use)."""

@@ -46,6 +46,8 @@ class Request:
     node: Any = None
     kv_len: int = 0  # tokens whose K/V are in the pool
     prefill_done: bool = False
+    hold_kv: bool = False  # a transfer uses the pages: keep them after finishing until released
+    pd: Any = None  # disaggregation: the room this request's KV travels through (engine.server.bootstrap)
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     retractions: int = 0
 

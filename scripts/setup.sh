@@ -21,6 +21,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The router's Rust extension (router._router) is compiled by maturin during the install below;
+# maturin itself comes from PyPI as a build requirement, the Rust toolchain must be on PATH.
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; the router extension needs a Rust toolchain (https://rustup.rs, or apt-get install cargo)" >&2
+  exit 1
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV"
   "$PYTHON" -m venv "$VENV"

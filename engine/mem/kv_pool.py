@@ -68,6 +68,14 @@ class KVPool:
     def v_base(self, layer: int) -> int:
         return self.data[layer, 1].data_ptr()
 
+    def describe(self) -> dict[str, int | str]:
+        """The pool's layout as plain values (base address, sizes, dtype name), e.g. for kv_transfer's
+        ``KVLayout.packed(**pool.describe())``."""
+        s = self.shape
+        return {"base": self.data.data_ptr(), "num_layers": s.num_layers, "num_pages": s.num_pages,
+                "page_size": s.page_size, "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
+                "dtype": str(s.dtype).replace("torch.", "")}
+
     def page_slots(self, pages: torch.Tensor) -> torch.Tensor:
         """Slot indices of every token position of the given pages, flattened ([len(pages) * page_size])."""
         p = self.shape.page_size

@@ -4,7 +4,12 @@ Every running request computes ``fill_ids[kv_len:]``: a decode is the case of on
 is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token budget. Decodes go first, so
 a long prompt never stalls running streams. Admission allocates a request's pages up front; decode pages are
 added at page boundaries, and when memory runs out the newest request is retracted (its pages released, the
-request requeued with its output so far) so older ones can finish."""
+request requeued with its output so far) so older ones can finish.
+
+Disaggregation adds two holding areas. A decode worker's requests get their prompt KV from a prefill worker:
+they queue in ``kv_queue`` until pages can be reserved (``reserve_for_transfer``; never over-committed), wait
+in ``prealloc`` while the pages fill, and join ``running`` on ``activate``. A prefill worker's finished
+requests stay in ``held`` (pages locked) until their last pages have been read by the transfer."""
 from __future__ import annotations
 
 from collections import deque
@@ -25,6 +30,9 @@ class Scheduler:
         self.kv = KVManager(allocator, cache, page_size)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order (oldest first)
+        self.kv_queue: deque[Request] = deque()  # decode role: waiting for pages to receive KV into
+        self.prealloc: list[Request] = []  # decode role: pages reserved, KV arriving
+        self.held: list[Request] = []  # prefill role: finished, pages still being read by a transfer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_retractions = 0
 
@@ -34,17 +42,14 @@ class Scheduler:
         self.waiting.append(req)
 
     def abort(self, rid: str, reason: Abort) -> Request | None:
-        """Remove the request wherever it is and release its pages; returns it (finished) or None."""
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self._finish(req, "abort", reason, release=False)
-                return req
-        for req in self.running:
-            if req.rid == rid:
-                self.running.remove(req)
-                self._finish(req, "abort", reason)
-                return req
+        """Remove the request wherever it is and release its pages (unless a transfer may still touch them:
+        then it moves to ``held``); returns it (finished) or None."""
+        for area in (self.waiting, self.kv_queue, self.running, self.prealloc):
+            for req in area:
+                if req.rid == rid:
+                    area.remove(req)
+                    self._finish(req, "abort", reason)
+                    return req
         return None
 
     def finish(self, req: Request, reason: str, detail: object = None) -> None:
@@ -55,7 +60,57 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        """Something to compute."""
         return bool(self.waiting or self.running)
+
+    @property
+    def has_pending(self) -> bool:
+        """Something waiting on a transfer."""
+        return bool(self.kv_queue or self.prealloc or self.held)
+
+    # -- disaggregation ------------------------------------------------------------------------------------------
+    def add_for_transfer(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.kv_queue.append(req)
+
+    def reserve_for_transfer(self, reserve_tokens: int, max_rooms: int) -> list[Request]:
+        """Reserve pages (prompt minus what the prefix cache holds) for queued requests in arrival order, while
+        ``reserve_tokens`` of output headroom stay free for every reserved or running request that has not yet
+        produced that many tokens; returns the requests now in ``prealloc``."""
+        reserved = []
+        page = self.kv.page_size
+        outstanding = sum(max(0, reserve_tokens - len(r.output_ids)) for r in (*self.prealloc, *self.running))
+        while self.kv_queue and len(self.prealloc) < max_rooms:
+            req = self.kv_queue[0]
+            headroom = -(-(outstanding + reserve_tokens) // page)
+            if not self.kv.admit(req, self.kv.match(req), headroom_pages=headroom):
+                break
+            self.kv_queue.popleft()
+            req.status = Status.RUNNING
+            self.prealloc.append(req)
+            reserved.append(req)
+            outstanding += reserve_tokens
+        return reserved
+
+    def activate(self, req: Request, first_token: int) -> None:
+        """The prompt's KV arrived with its first output token: the request joins the decode batch."""
+        self.prealloc.remove(req)
+        req.kv_len = len(req.prompt_ids)
+        req.output_ids.append(first_token)
+        req.prefill_done = True
+        self.kv.cache_prefix(req)
+        self.running.append(req)
+        reason = self._stop_reason(req, first_token)
+        if reason is not None:
+            self.running.remove(req)
+            self._finish(req, reason, first_token if reason == "stop" else None)
+
+    def release_held(self, req: Request, keep: bool = True) -> None:
+        """No transfer uses the request's pages any more: give them back (with ``keep``, whole computed pages
+        go to the prefix cache)."""
+        self.held.remove(req)
+        req.hold_kv = False
+        self.kv.release(req, keep=keep)
 
     # -- scheduling --------------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -86,7 +141,7 @@ class Scheduler:
         while i < len(self.running):
             req = self.running[i]
             if req.remaining == 1 and not self.kv.grow(req, 1):
-                victim = self.running[-1]
+                victim = next(r for r in reversed(self.running) if not r.hold_kv)
                 self._retract(victim)
                 if victim is req:
                     continue  # req itself was the newest: it left running; same index is the next request
@@ -147,7 +202,8 @@ class Scheduler:
             produced.append(req)
             if not req.prefill_done:
                 req.prefill_done = True
-                self.kv.cache_prefix(req)
+                if not req.hold_kv:  # pages a transfer still reads must not be swapped for cached copies
+                    self.kv.cache_prefix(req)
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self.running.remove(req)
@@ -163,18 +219,20 @@ class Scheduler:
             return "length"
         return None
 
-    def _finish(self, req: Request, reason: str, detail: object = None, release: bool = True) -> None:
+    def _finish(self, req: Request, reason: str, detail: object = None) -> None:
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.finish_detail = detail
-        if release and req.pages:
+        if req.pages and req.hold_kv:
+            self.held.append(req)
+        elif req.pages:
             self.kv.release(req, keep=reason != "abort")
 
     # -- introspection -----------------------------------------------------------------------------------------
     def page_owners(self) -> list[list[int]]:
         """Owners of every used page (the prefix cache, then each request's private pages)."""
         owners = [self.kv.cache.owned_pages()]
-        owners.extend(r.pages[r.num_cached_pages:] for r in self.running)
+        owners.extend(r.pages[r.num_cached_pages:] for r in (*self.running, *self.prealloc, *self.held))
         return owners
 
     def check_integrity(self) -> None:

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.engine_core import StepOutput
 from engine.request import Request
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import sse_error
 from engine.server.openai_api import SSE_HEADERS
 from engine.server.protocol import GenerateRequest
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
-                                   request_id, stream_outputs)
+                                   request_id, start_stream)
 
 
 def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:
@@ -55,7 +56,8 @@ async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext
     logprobs = body.top_logprobs_num if body.return_logprob else None
     reqs = build_requests(ctx, prompts, sp.to_params(logprobs), sp.n, request_id(http, body, "gen"), body)
     if body.stream:
-        return StreamingResponse(_stream(ctx, reqs, body.return_logprob), media_type="text/event-stream",
+        outs = await start_stream(http, ctx, reqs)
+        return StreamingResponse(_stream(outs, reqs, body.return_logprob), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     outputs = await collect(http, ctx, reqs)
     texts = {r.rid: "" for r in reqs}
@@ -66,10 +68,10 @@ async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext
     return JSONResponse(results if batched or len(results) > 1 else results[0])
 
 
-async def _stream(ctx: ServingContext, reqs: list[Request], logprobs: bool) -> AsyncIterator[str]:
+async def _stream(outs: AsyncIterator[StepOutput], reqs: list[Request], logprobs: bool) -> AsyncIterator[str]:
     index = {r.rid: i for i, r in enumerate(reqs)}
     texts = {r.rid: "" for r in reqs}
-    async for out in stream_outputs(ctx, reqs):
+    async for out in outs:
         err = abort_error(out.req)
         if err is not None:
             yield sse_error(err.status, err.message, err.code)

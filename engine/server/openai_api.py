@@ -13,8 +13,9 @@ from engine.sampler import TokenLogprob
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.engine_core import StepOutput
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
-                                   request_id, stream_outputs, usage)
+                                   request_id, start_stream, usage)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -76,7 +77,8 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     created = int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": ctx.core.served_model_name}
     if body.stream:
-        return StreamingResponse(_stream_completion(ctx, reqs, index, base, body.include_usage),
+        outs = await start_stream(http, ctx, reqs)
+        return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     outputs = await collect(http, ctx, reqs)
     texts = {r.rid: "" for r in reqs}
@@ -90,10 +92,10 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     return JSONResponse({**base, "choices": choices, "usage": usage(reqs)})
 
 
-async def _stream_completion(ctx: ServingContext, reqs: list[Request], index: dict[str, int], base: dict,
-                             include_usage: bool) -> AsyncIterator[str]:
+async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
+                             index: dict[str, int], base: dict, include_usage: bool) -> AsyncIterator[str]:
     offsets = {r.rid: 0 for r in reqs}
-    async for out in stream_outputs(ctx, reqs):
+    async for out in outs:
         err = abort_error(out.req)
         if err is not None:
             yield sse_error(err.status, err.message, err.code)
@@ -128,7 +130,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     index = {r.rid: i for i, r in enumerate(reqs)}
     base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
     if body.stream:
-        return StreamingResponse(_stream_chat(ctx, reqs, index, base, body.include_usage),
+        outs = await start_stream(http, ctx, reqs)
+        return StreamingResponse(_stream_chat(ctx, outs, reqs, index, base, body.include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     outputs = await collect(http, ctx, reqs)
     texts = {r.rid: "" for r in reqs}
@@ -142,13 +145,13 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": usage(reqs)})
 
 
-async def _stream_chat(ctx: ServingContext, reqs: list[Request], index: dict[str, int], base: dict,
-                       include_usage: bool) -> AsyncIterator[str]:
+async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
+                       index: dict[str, int], base: dict, include_usage: bool) -> AsyncIterator[str]:
     base = {**base, "object": "chat.completion.chunk"}
     for r in reqs:
         yield _sse({**base, "choices": [{"index": index[r.rid], "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
-    async for out in stream_outputs(ctx, reqs):
+    async for out in outs:
         err = abort_error(out.req)
         if err is not None:
             yield sse_error(err.status, err.message, err.code)

@@ -22,9 +22,10 @@ class RoutingFields(BaseModel):
     extra_key: str | None = Field(default=None, max_length=256)  # prefix-cache namespace
     cache_salt: str | None = Field(default=None, max_length=256)  # vLLM's spelling of the same
     priority: StrictInt = 0
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+    # PD mode (added by the router): one value, or one per prompt for batched /generate bodies
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: StrictInt | list[StrictInt | None] | None = None
+    bootstrap_room: StrictInt | list[StrictInt] | None = None
 
     @property
     def namespace(self) -> str | None:

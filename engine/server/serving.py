@@ -26,8 +26,9 @@ class ServingContext:
     engine: AsyncEngine
     metrics: EngineMetrics
     role: str = "colocated"
-    # Role hook: checks/attaches the routing fields (PD bootstrap) to each request before it is queued.
-    prepare: Callable[[Request, RoutingFields], None] | None = None
+    # Role hook: checks/attaches the routing fields (PD bootstrap) to each request before it is queued;
+    # called with the request, the body, the prompt's index in a batch and the choice index.
+    prepare: Callable[[Request, RoutingFields, int, int], None] | None = None
     started: float = field(default_factory=time.time)
 
     @property
@@ -56,7 +57,7 @@ def build_requests(ctx: ServingContext, prompts: list[list[int]], params: Sampli
             req = ctx.core.make_request(ids, params, rid=sub, extra_key=body.namespace, priority=body.priority,
                                         choice=i, group_leader=leader)
             if ctx.prepare is not None:
-                ctx.prepare(req, body)
+                ctx.prepare(req, body, p, i)
             leader = leader or req
             reqs.append(req)
     return reqs
@@ -98,10 +99,30 @@ async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -
     return outputs
 
 
-async def stream_outputs(ctx: ServingContext, reqs: list[Request]) -> AsyncIterator[StepOutput]:
-    """Outputs as they come; the caller turns an aborted request into an error event."""
-    async for out in ctx.engine.generate(reqs):
-        yield out
+async def start_stream(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> AsyncIterator[StepOutput]:
+    """Wait for the first output before a streamed response commits to status 200, so a request that fails
+    before producing anything (a refused or failed KV transfer, say) gets a real error status; then return
+    the outputs as they come (the caller turns a later abort into an SSE error event)."""
+    agen = ctx.engine.generate(reqs)
+    task = asyncio.ensure_future(agen.__anext__())
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await http.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await agen.aclose()
+            raise APIError(499, "the client disconnected", "client_disconnected")
+    first = task.result()
+    err = abort_error(first.req) if first.finished else None
+    if err is not None:
+        await agen.aclose()
+        raise err
+
+    async def outputs() -> AsyncIterator[StepOutput]:
+        yield first
+        async for out in agen:
+            yield out
+    return outputs()
 
 
 def usage(reqs: list[Request]) -> dict:

@@ -45,3 +45,12 @@ def test_held_back_prefix_of_a_stop_string_is_released_when_it_does_not_match(ti
     ids = tok.encode("the cat sat on the mat", add_special_tokens=False)
     chunks, hit, text = feed(tok, ids, ["the dog"])
     assert hit is None and text == "the cat sat on the mat" and "".join(chunks) == text
+
+
+def test_an_incomplete_utf8_tail_is_emitted_when_the_request_ends(tiny_model_dir: Path) -> None:
+    tok = Tokenizer(tiny_model_dir)
+    ids = tok.encode("ok 🙂", add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, [], True, [])
+    emitted = "".join(d.add([t])[0] for t in ids[:-1])  # stop before the emoji's last byte
+    tail = d.flush()
+    assert "\ufffd" not in emitted and tail.endswith("\ufffd") and d.text == emitted + tail

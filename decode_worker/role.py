@@ -1,0 +1,125 @@
+"""DecodeRole: the engine hooks of a decode worker.
+
+A PD request queues until pages for its prompt can be reserved without over-committing (the scheduler's
+``kv_queue``); then the role opens its room: the decode side's pages after what its own radix cache already
+holds, an aux slot, and that held-prefix count go to the prefill worker. When the room succeeds the request
+joins the decode batch with the first token from the aux record. A failed or aborted room ends the request
+with an error and its pages are quarantined for ``kv_quarantine`` seconds before they are freed."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from decode_worker.config import DecodeConfig
+from engine.engine_core import EngineCore, StepOutput
+from engine.request import Abort, Request
+from engine.role import EngineRole
+from kv_transfer import DecodeTransferManager, KVReceiver, KVTransferError, RoomState
+
+log = logging.getLogger("decode_worker")
+
+
+@dataclass
+class Incoming:
+    req: Request
+    receiver: KVReceiver
+    slot: int
+
+
+class DecodeRole(EngineRole):
+    name = "decode"
+
+    def __init__(self, manager: DecodeTransferManager, cfg: DecodeConfig, worker: str) -> None:
+        self.manager = manager
+        self.cfg = cfg
+        self.worker = worker
+        self.free_slots = list(range(cfg.max_transfer_rooms - 1, -1, -1))
+        self.rooms: dict[str, Incoming] = {}
+        self.quarantine: list[tuple[float, Request]] = []
+
+    def add(self, core: EngineCore, req: Request) -> None:
+        if req.pd is None:  # a local request (e.g. /health_generate): prefill it here
+            core.scheduler.add(req)
+        else:
+            core.scheduler.add_for_transfer(req)
+
+    def before_step(self, core: EngineCore) -> list[StepOutput]:
+        outputs = self._open_rooms(core)
+        for inc in list(self.rooms.values()):
+            state = inc.receiver.poll()
+            if state == RoomState.SUCCESS:
+                outputs.append(self._activate(core, inc))
+            elif state == RoomState.FAILED:
+                outputs.append(self._fail(core, inc, inc.receiver.failure_reason or "KV transfer failed"))
+        self._release_quarantined(core)
+        return outputs
+
+    def _open_rooms(self, core: EngineCore) -> list[StepOutput]:
+        failed = []
+        page = core.kv_shape.page_size
+        limit = min(self.cfg.max_transfer_rooms, len(self.rooms) + len(self.free_slots))
+        for req in core.scheduler.reserve_for_transfer(self.cfg.decode_reserve_tokens, limit):
+            req.hold_kv = True
+            slot = self.free_slots.pop()
+            held = req.kv_len  # page-aligned prefix from this worker's own radix cache
+            try:
+                receiver = self.manager.create_receiver(req.pd.room, req.pd.host, req.pd.port)
+                receiver.init(req.pages[held // page:], slot, held_prefix_tokens=held)
+            except KVTransferError as e:
+                self.free_slots.append(slot)
+                core.scheduler.abort(req.rid, Abort(409, f"room {req.pd.room}: {e}"))
+                self._quarantine(req, delay=0.0)  # nothing was opened, nothing can be written
+                failed.append(StepOutput(req, finished=True))
+                continue
+            self.rooms[req.rid] = Incoming(req, receiver, slot)
+            log.debug("room opened request_id=%s room=%d worker=%s held=%d pages=%d", req.rid, req.pd.room,
+                      self.worker, held, len(req.pages) - held // page)
+        return failed
+
+    def _activate(self, core: EngineCore, inc: Incoming) -> StepOutput:
+        record = inc.receiver.aux_record
+        assert record is not None and record.room == inc.req.pd.room
+        self._close_room(inc)
+        req = inc.req
+        req.hold_kv = False
+        req.cached_tokens = record.cached_tokens  # prompt tokens the prefill worker found in its cache
+        core.scheduler.activate(req, record.first_token_id)
+        return core.token_output(req)
+
+    def _fail(self, core: EngineCore, inc: Incoming, reason: str) -> StepOutput:
+        self._close_room(inc)
+        core.scheduler.abort(inc.req.rid, Abort(502, f"KV transfer failed: {reason}"))
+        self._quarantine(inc.req, self.cfg.kv_quarantine)
+        log.warning("room failed request_id=%s room=%d worker=%s reason=%s", inc.req.rid, inc.req.pd.room,
+                    self.worker, reason)
+        return StepOutput(inc.req, finished=True)
+
+    def on_abort(self, core: EngineCore, req: Request) -> None:
+        inc = self.rooms.get(req.rid)
+        if inc is not None:
+            detail = getattr(req.finish_detail, "message", req.finish_detail)
+            inc.receiver.abort(f"request {req.rid} aborted: {detail}")
+            self._close_room(inc)
+        if req in core.scheduler.held:
+            self._quarantine(req, self.cfg.kv_quarantine if inc is not None else 0.0)
+
+    def _close_room(self, inc: Incoming) -> None:
+        del self.rooms[inc.req.rid]
+        self.free_slots.append(inc.slot)
+        inc.receiver.release()
+
+    def _quarantine(self, req: Request, delay: float) -> None:
+        self.quarantine.append((time.monotonic() + delay, req))
+
+    def _release_quarantined(self, core: EngineCore) -> None:
+        if not self.quarantine:
+            return
+        now = time.monotonic()
+        due = [r for t, r in self.quarantine if t <= now]
+        self.quarantine = [(t, r) for t, r in self.quarantine if t > now]
+        for req in due:
+            core.scheduler.release_held(req, keep=False)  # never cache pages a failed transfer wrote
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,86 @@
+"""kv_transfer: move KV pages between a prefill and a decode worker (processes or hosts).
+
+It moves pages of a described layout (base addresses + strides) and never imports torch or the
+engine. Backends: `mooncake` (Mooncake Transfer Engine; TCP here, RDMA on clusters), `shm` (same
+host, the decode pool lives in a SharedSegment), `fake` (in-process, for callers' unit tests);
+`auto` = shm when the prefill side can map the decode side's segment, else mooncake.
+Full guide: docs/kv_transfer.md.
+
+Public API
+----------
+Layout
+  KVLayout(num_layers, page_size, num_kv_heads, head_dim, dtype, num_pages,
+           k_base: tuple[int, ...], v_base: tuple[int, ...], page_stride=0)      frozen
+      .page_bytes  .regions()  .check_compatible(remote)  -> LayoutMismatchError(field, local, remote)
+      KVLayout.packed(base, *, num_layers, num_pages, page_size, num_kv_heads, head_dim, dtype)
+      KVLayout.pool_bytes(num_layers, num_pages, page_size, num_kv_heads, head_dim, dtype) -> int
+  AuxLayout(base, num_slots, record_bytes=32)   .read(slot) -> AuxRecord   .clear(slot)
+  AuxRecord(first_token_id, cached_tokens, room)        AuxBuffer(num_slots).layout
+  SharedSegment.create(size, name=None) -> .name .size .address .buffer (memoryview) .close()
+
+Config (one frozen dataclass; flags --transfer-*)
+  TransferConfig(backend="auto", hostname="", protocol="tcp", device_name="",
+                 metadata_server="P2PHANDSHAKE", rpc_port_min=0, rpc_port_max=0,
+                 bootstrap_timeout=10, waiting_timeout=30, transfer_timeout=15,
+                 heartbeat_interval=1, heartbeat_timeout=5, rpc_timeout=3,
+                 max_batch_entries=1024, aux_staging_slots=1024, monitor_interval=0.05,
+                 room_linger=60)
+  add_transfer_flags(parser, defaults=None)     transfer_config_from_args(namespace) -> TransferConfig
+
+Decode side (receiver)
+  DecodeTransferManager(config, layout, aux: AuxLayout, *, worker_id="decode",
+                        segments: Sequence[SharedSegment] = (), metrics: TransferMetrics | None = None)
+      .create_receiver(room: int, bootstrap_host: str, bootstrap_port: int) -> KVReceiver
+      .receiver(room) -> KVReceiver            .connect(host, port, timeout=None) -> str (transport)
+      .rooms_by_state() -> dict[RoomState, int] .close()
+  KVReceiver
+      .init(dst_pages: Sequence[int], aux_slot: int, held_prefix_tokens: int = 0) -> None
+      .poll() -> RoomState   .failure -> Failure | None   .failure_reason -> str | None
+      .aux_record -> AuxRecord | None (after Success)   .abort(reason)   .release()
+
+Prefill side (sender)
+  PrefillTransferManager(config, layout, *, bootstrap_port: int, worker_id="prefill",
+                         bootstrap_host="0.0.0.0", metrics=None, server_threads=64)
+      .port (bound bootstrap port)   .create_sender(room) -> KVSender   .sender(room) -> KVSender
+      .rooms_by_state()   .close()
+  KVSender
+      .poll() -> RoomState   .dst_pages -> tuple[int, ...] | None   .held_prefix_tokens -> int | None
+      .send(src_pages, *, last=False, first_token_id=None, cached_tokens=0) -> bool  (non-blocking)
+      .failure  .failure_reason  .abort(reason)  .release()
+
+States and errors
+  RoomState: BOOTSTRAPPING -> WAITING_FOR_INPUT -> TRANSFERRING -> SUCCESS | FAILED
+  Failure(kind: FailureKind, message, error)   FailureKind: timeout, peer_dead, peer_unreachable,
+      aborted_local, aborted_remote, transfer_io, refused, aux_mismatch, shutdown
+  KVTransferError > ConfigError, LayoutMismatchError, DuplicateRoomError, UnknownRoomError,
+      UnknownPeerError, PageIndexError, InvalidRoomError, PeerUnreachableError,
+      TransportMismatchError, TransferIOError(rc)
+Metrics
+  TransferMetrics(role, registry=None, prefix="splitserve_")  .snapshot()
+"""
+from __future__ import annotations
+
+from kv_transfer.aux import AuxBuffer, AuxLayout, AuxRecord
+from kv_transfer.config import BACKENDS, TransferConfig, add_transfer_flags, transfer_config_from_args
+from kv_transfer.decode_manager import DecodeTransferManager
+from kv_transfer.errors import (
+    ConfigError, DuplicateRoomError, InvalidRoomError, KVTransferError, LayoutMismatchError, PageIndexError,
+    PeerUnreachableError, TransferIOError, TransportMismatchError, UnknownPeerError, UnknownRoomError,
+)
+from kv_transfer.layout import KVLayout
+from kv_transfer.metrics import TransferMetrics
+from kv_transfer.prefill_manager import PrefillTransferManager
+from kv_transfer.receiver import KVReceiver
+from kv_transfer.sender import KVSender
+from kv_transfer.shm import SharedSegment
+from kv_transfer.state import Failure, FailureKind, RoomState
+from kv_transfer.transport.fake import FAULTS as FAKE_FAULTS
+
+__all__ = [
+    "AuxBuffer", "AuxLayout", "AuxRecord", "BACKENDS", "ConfigError", "DecodeTransferManager",
+    "DuplicateRoomError", "FAKE_FAULTS", "Failure", "FailureKind", "InvalidRoomError", "KVLayout",
+    "KVReceiver", "KVSender", "KVTransferError", "LayoutMismatchError", "PageIndexError",
+    "PeerUnreachableError", "PrefillTransferManager", "RoomState", "SharedSegment", "TransferConfig",
+    "TransferIOError", "TransferMetrics", "TransportMismatchError", "UnknownPeerError", "UnknownRoomError",
+    "add_transfer_flags", "transfer_config_from_args",
+]

@@ -1,0 +1,108 @@
+"""TransferConfig: every knob of kv_transfer in one frozen dataclass, and its argparse flags.
+
+Each field's flag is `--transfer-<field name with dashes>`, except `backend`, whose flag is
+`--transfer-backend`. Defaults live only here. Durations are seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kv_transfer.errors import ConfigError
+
+BACKENDS = ("auto", "mooncake", "shm", "fake")
+
+
+def _opt(default: Any, help_text: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, **extra})
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    backend: str = _opt("auto", "auto = shm when both ends share a host, else mooncake; fake = in-process",
+                        choices=BACKENDS)
+    hostname: str = _opt("", "address peers use to reach this worker's transfer engine "
+                             "(empty: this host's name resolved to an IP)")
+    protocol: str = _opt("tcp", "Mooncake protocol: tcp, or rdma on RDMA clusters")
+    device_name: str = _opt("", "Mooncake RDMA device names, comma separated (empty: auto)")
+    metadata_server: str = _opt("P2PHANDSHAKE", "Mooncake metadata: P2PHANDSHAKE, or an etcd/http URL")
+    rpc_port_min: int = _opt(0, "lowest Mooncake handshake/data port (sets MC_MIN_RPC_PORT; 0 = Mooncake default)")
+    rpc_port_max: int = _opt(0, "highest Mooncake handshake/data port (sets MC_MAX_RPC_PORT; 0 = Mooncake default)")
+    bootstrap_timeout: float = _opt(10.0, "seconds a room may stay Bootstrapping (handshake, room info)")
+    waiting_timeout: float = _opt(30.0, "seconds a room may stay WaitingForInput (prefill queueing)")
+    transfer_timeout: float = _opt(15.0, "seconds a Transferring room may go without progress")
+    heartbeat_interval: float = _opt(1.0, "seconds between heartbeats to each peer")
+    heartbeat_timeout: float = _opt(5.0, "seconds of peer silence after which its rooms fail")
+    rpc_timeout: float = _opt(3.0, "deadline of each bootstrap gRPC call, seconds")
+    max_batch_entries: int = _opt(1024, "largest transport batch (Mooncake fails batches above ~1024)")
+    aux_staging_slots: int = _opt(1024, "prefill-side aux records that can be in flight at once")
+    monitor_interval: float = _opt(0.05, "seconds between deadline checks")
+    room_linger: float = _opt(60.0, "seconds a finished room stays queryable before it is forgotten")
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"transfer backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        for name in ("bootstrap_timeout", "waiting_timeout", "transfer_timeout", "heartbeat_interval",
+                     "heartbeat_timeout", "rpc_timeout", "monitor_interval", "room_linger"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--transfer-{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ConfigError("--transfer-heartbeat-timeout must exceed --transfer-heartbeat-interval")
+        if not 1 <= self.max_batch_entries <= 1024:
+            raise ConfigError("--transfer-max-batch-entries must be in [1, 1024] (Mooncake's batch limit)")
+        if self.aux_staging_slots < 1:
+            raise ConfigError("--transfer-aux-staging-slots must be >= 1")
+
+    def deadline_for(self, state_name: str) -> float:
+        return {
+            "BOOTSTRAPPING": self.bootstrap_timeout,
+            "WAITING_FOR_INPUT": self.waiting_timeout,
+            "TRANSFERRING": self.transfer_timeout,
+        }[state_name]
+
+    def resolved_hostname(self) -> str:
+        if self.hostname:
+            return self.hostname
+        import socket
+
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+    def apply_mooncake_env(self) -> None:
+        """Mooncake reads its port range and log level from the environment at initialize()."""
+        if self.rpc_port_min:
+            os.environ["MC_MIN_RPC_PORT"] = str(self.rpc_port_min)
+        if self.rpc_port_max:
+            os.environ["MC_MAX_RPC_PORT"] = str(self.rpc_port_max)
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+
+
+def flag_name(field_name: str) -> str:
+    return "--transfer-" + field_name.replace("_", "-") if field_name != "backend" else "--transfer-backend"
+
+
+def add_transfer_flags(parser: argparse.ArgumentParser, defaults: TransferConfig | None = None) -> None:
+    """Add one flag per TransferConfig field to `parser` (dest: transfer_<field>)."""
+    base = defaults or TransferConfig()
+    group = parser.add_argument_group("KV transfer")
+    for f in dataclasses.fields(TransferConfig):
+        kwargs: dict[str, Any] = {
+            "dest": f"transfer_{f.name}",
+            "default": getattr(base, f.name),
+            "type": type(getattr(base, f.name)),
+            "help": f"{f.metadata['help']} (default: %(default)s)",
+        }
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        group.add_argument(flag_name(f.name), **kwargs)
+
+
+def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig:
+    """Build the config from a namespace parsed with add_transfer_flags."""
+    values = {f.name: getattr(args, f"transfer_{f.name}") for f in dataclasses.fields(TransferConfig)}
+    return TransferConfig(**values)

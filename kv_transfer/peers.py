@@ -1,0 +1,79 @@
+"""The prefill side's view of one registered decode manager: layout, writer, events, liveness.
+
+Each peer has its own writer thread, so a peer that blocks a transport call (a frozen Mooncake
+peer blocks 30-61 s) stalls only its own rooms; their deadlines fail them meanwhile.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from kv_transfer.aux import AuxLayout, AuxStaging
+from kv_transfer.layout import KVLayout
+from kv_transfer.metrics import TransferMetrics
+from kv_transfer.state import RoomState
+from kv_transfer.transport import PeerWriter
+from kv_transfer.wire import pb, state_to_msg
+
+log = logging.getLogger("kv_transfer")
+
+
+class WriteQueue:
+    """A daemon thread running submitted jobs in order until stopped."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:  # jobs handle their own errors; this keeps the thread alive regardless
+                log.exception("write job crashed")
+
+
+class DecodePeer:
+    def __init__(self, peer_id: str, worker: str, layout: KVLayout, aux: AuxLayout, writer: PeerWriter,
+                 aux_staging: AuxStaging, metrics: TransferMetrics) -> None:
+        self.peer_id = peer_id
+        self.worker = worker
+        self.layout = layout
+        self.aux = aux
+        self.writer = writer
+        self.aux_staging = aux_staging
+        self.metrics = metrics
+        self.events: "queue.Queue[Any]" = queue.Queue()
+        self.last_seen = time.monotonic()
+        self.alive = True
+        self.writes = WriteQueue(f"kv-write-{worker}")
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def publish(self, room: int, state: RoomState, *, kind: str = "", reason: str = "", pages_done: int = 0) -> None:
+        self.events.put(pb().RoomEvent(room=room, state=state_to_msg(state), failure_kind=kind,
+                                       reason=reason, pages_done=pages_done))
+
+    def close(self) -> None:
+        """Mark dead and stop the writer thread once its queue drains (rooms already failed skip)."""
+        if not self.alive:
+            return
+        self.alive = False
+        self.events.put(None)  # wakes the Subscribe stream so it ends
+        # Unmapping while a write runs would crash, so the writer closes on its own thread.
+        self.writes.submit(self.writer.close)
+        self.writes.stop()

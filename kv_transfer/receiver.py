@@ -1,0 +1,128 @@
+"""KVReceiver: one room on the decode side.
+
+Created by DecodeTransferManager.create_receiver(room, host, port); the worker then calls
+init(dst_pages, aux_slot, held_prefix_tokens) and polls. Success is reached only when the
+prefill side reported every page written and the aux record in our memory carries this room's
+id; anything else ends in Failed(reason), after which the worker frees the pages.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from kv_transfer.aux import AuxLayout, AuxRecord
+from kv_transfer.config import TransferConfig
+from kv_transfer.errors import InvalidRoomError, PageIndexError
+from kv_transfer.layout import KVLayout
+from kv_transfer.rooms import RoomHandle
+from kv_transfer.state import FailureKind, RoomState
+from kv_transfer.wire import state_from_msg
+
+if TYPE_CHECKING:
+    from kv_transfer.peer_link import PeerLink
+
+log = logging.getLogger("kv_transfer")
+
+# How a failure the prefill side reports reads from the decode side.
+_REMOTE_KIND = {
+    FailureKind.ABORTED_LOCAL.value: FailureKind.ABORTED_REMOTE,
+    FailureKind.ABORTED_REMOTE.value: FailureKind.ABORTED_LOCAL,
+}
+
+
+class KVReceiver(RoomHandle):
+    def __init__(self, room: int, config: TransferConfig, layout: KVLayout, aux: AuxLayout, link: "PeerLink",
+                 on_change: Callable[[Any, RoomState, RoomState], None],
+                 on_release: Callable[[Any], None]) -> None:
+        super().__init__(room, config, on_change, on_release)
+        self._layout = layout
+        self._aux = aux
+        self.link = link
+        self._lock = threading.Lock()
+        self.dst_pages: tuple[int, ...] | None = None
+        self.aux_slot: int | None = None
+        self.held_prefix_tokens = 0
+        self.aux_record: AuxRecord | None = None  # set on Success
+        self.opened = False  # OpenRoom was sent, so the prefill side may know the room
+        self.started: float | None = None
+        self._tell_peer = True
+
+    # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
+    def init(self, dst_pages: Sequence[int], aux_slot: int, held_prefix_tokens: int = 0) -> None:
+        """Ask the prefill side to fill `dst_pages` (prompt order, after the held prefix's pages).
+
+        Validates before anything is sent: PageIndexError for a page or aux slot out of range or
+        a page listed twice; InvalidRoomError if called twice. On a room that already failed (say,
+        the peer was unreachable) it records the pages and returns; poll() reports the failure.
+        """
+        dst = self._layout.check_pages(dst_pages, "destination", room=self.room)
+        if len(set(dst)) != len(dst):
+            raise PageIndexError(f"room {self.room}: a destination page is listed twice", room=self.room)
+        self._aux.slot_address(aux_slot, room=self.room)
+        if held_prefix_tokens < 0:
+            raise InvalidRoomError(f"held_prefix_tokens must be >= 0, got {held_prefix_tokens}", room=self.room)
+        with self._lock:
+            if self.dst_pages is not None:
+                raise InvalidRoomError(f"room {self.room}: init() was already called", room=self.room)
+            self.dst_pages, self.aux_slot, self.held_prefix_tokens = dst, aux_slot, held_prefix_tokens
+            if self._tracker.state.terminal:
+                return  # failed meanwhile (e.g. unreachable peer): poll() reports it; nothing to send
+        self._aux.clear(aux_slot)
+        self.link.open_room(self)
+
+    def abort(self, reason: str) -> None:
+        """Give up on the room; the prefill side hears of it and stops writing."""
+        self._tracker.fail(FailureKind.ABORTED_LOCAL, f"aborted by decode: {reason}")
+
+    # --- manager / link side ------------------------------------------------------------------
+    @property
+    def tells_peer(self) -> bool:
+        """Whether the failure originated here (so the prefill side must be told)."""
+        return self._tell_peer
+
+    def fail_from_peer(self, kind: FailureKind, message: str, error: Exception | None = None) -> None:
+        self._tell_peer = False
+        if not self._tracker.fail(kind, message, error):
+            self._tell_peer = True
+
+    def on_opened(self) -> None:
+        self._tracker.advance(RoomState.WAITING_FOR_INPUT)
+
+    def on_event(self, event: Any) -> None:
+        state = state_from_msg(event.state)
+        if state == RoomState.FAILED:
+            self.fail_from_peer(_remote_kind(event.failure_kind), f"prefill side: {event.reason}")
+        elif state == RoomState.SUCCESS:
+            self._finish(event.pages_done)
+        elif state == RoomState.TRANSFERRING:
+            if self.started is None:
+                self.started = time.monotonic()
+            self._tracker.advance(RoomState.TRANSFERRING)
+            self._tracker.progress()
+        elif state == RoomState.WAITING_FOR_INPUT:
+            self._tracker.advance(RoomState.WAITING_FOR_INPUT)
+
+    def _finish(self, pages_done: int) -> None:
+        assert self.dst_pages is not None and self.aux_slot is not None
+        if pages_done != len(self.dst_pages):
+            self._tracker.fail(FailureKind.AUX_MISMATCH, f"prefill reported {pages_done} pages written, "
+                                                         f"{len(self.dst_pages)} were reserved")
+            return
+        record = self._aux.read(self.aux_slot)
+        if record.room != self.room:
+            self._tracker.fail(FailureKind.AUX_MISMATCH, f"aux slot {self.aux_slot} holds room {record.room}, "
+                                                         f"expected {self.room}")
+            return
+        self.aux_record = record
+        self._tracker.advance(RoomState.SUCCESS)
+
+
+def _remote_kind(value: str) -> FailureKind:
+    if value in _REMOTE_KIND:
+        return _REMOTE_KIND[value]
+    try:
+        return FailureKind(value)
+    except ValueError:
+        return FailureKind.ABORTED_REMOTE

@@ -1,0 +1,87 @@
+"""The Mooncake Transfer Engine (TCP here; RDMA/NVLink on clusters), wrapped so nothing fails silently.
+
+Every Mooncake call returns an int (0 ok, negative failure) and never raises; each is checked and
+turned into a TransferIOError/ConfigError carrying the code, the peer and the room. A frozen peer
+can block a call for 30-61 s, so callers run writes off their own thread with their own deadlines.
+Security: Mooncake's handshake and data ports listen on 0.0.0.0 without authentication; bound
+them with --transfer-rpc-port-min/max and keep them inside a trusted network.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kv_transfer.config import TransferConfig
+from kv_transfer.errors import ConfigError, TransferIOError
+from kv_transfer.transport import Entry
+
+log = logging.getLogger("kv_transfer")
+
+
+def mooncake_available() -> bool:
+    try:
+        import mooncake.engine as engine
+    except ImportError:
+        return False
+    return engine is not None
+
+
+class MooncakeEngine:
+    """One initialized TransferEngine per manager; `session` is what peers write to."""
+
+    def __init__(self, config: TransferConfig) -> None:
+        config.apply_mooncake_env()
+        try:
+            from mooncake.engine import TransferEngine
+        except ImportError as exc:
+            raise ConfigError(
+                f"cannot import mooncake ({exc}); install mooncake-transfer-engine-non-cuda (CPU) or "
+                "mooncake-transfer-engine (CUDA) and the Debian package libibverbs1"
+            ) from exc
+        self._engine = TransferEngine()
+        host = config.resolved_hostname()
+        rc = self._engine.initialize(host, config.metadata_server, config.protocol, config.device_name)
+        if rc != 0:
+            raise ConfigError(f"Mooncake initialize({host}, {config.metadata_server}, {config.protocol}) "
+                              f"returned {rc}; check --transfer-protocol/--transfer-device-name")
+        self.session = host if ":" in host else f"{host}:{self._engine.get_rpc_port()}"
+        self._registered: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        log.info("mooncake engine up session=%s protocol=%s", self.session, config.protocol)
+
+    def register(self, regions: list[tuple[int, int]]) -> None:
+        with self._lock:
+            for addr, length in regions:
+                if (addr, length) in self._registered:
+                    continue
+                rc = self._engine.register_memory(addr, length)
+                if rc != 0:
+                    raise ConfigError(f"Mooncake register_memory({addr:#x}, {length}) returned {rc}")
+                self._registered.add((addr, length))
+
+    def write(self, session: str, entries: list[Entry]) -> None:
+        srcs = [e[0] for e in entries]
+        dsts = [e[1] for e in entries]
+        lens = [e[2] for e in entries]
+        start = time.monotonic()
+        rc = self._engine.batch_transfer_sync_write(session, srcs, dsts, lens)
+        took = time.monotonic() - start
+        if took > 1.0:
+            log.warning("slow Mooncake write peer=%s entries=%d seconds=%.1f rc=%d", session, len(entries), took, rc)
+        if rc != 0:
+            raise TransferIOError(f"Mooncake batch write of {len(entries)} entries failed", rc=rc, peer=session)
+
+
+class MooncakeWriter:
+    transport = "mooncake"
+
+    def __init__(self, engine: MooncakeEngine, peer_session: str) -> None:
+        self._engine = engine
+        self.peer_session = peer_session
+
+    def write(self, entries: list[Entry]) -> None:
+        self._engine.write(self.peer_session, entries)
+
+    def close(self) -> None:
+        pass
