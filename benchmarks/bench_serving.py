@@ -101,6 +101,10 @@ async def run_benchmark(cfg: BenchConfig, argv: list[str]) -> tuple[dict[str, An
         target = await _discover(client, cfg)
         client.model = target["model"]
         target["warmup"] = await _warmup(client, cfg, tm)
+        for w in target["warmup"]:
+            if not w["ok"]:
+                log.warning("a warmup request failed (%s: %s); it is recorded under target.warmup", w["error"],
+                            w["error_message"])
         for rate, conc in cfg.load.phases():
             flush = await _flush(client) if cfg.target.flush_cache else None
             if flush not in (None, "flushed") and not phases:

@@ -81,6 +81,17 @@ def _by_name(snapshot: dict[str, Any]) -> dict[str, float]:
     return totals
 
 
+def _per_url_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Counter deltas of each URL on its own (how the work spread over a cluster's workers)."""
+    out: dict[str, dict[str, float]] = {}
+    for url, entry in after.items():
+        if not entry["ok"] or not before.get(url, {}).get("ok"):
+            continue
+        a, b = _by_name({url: entry}), _by_name({url: before[url]})
+        out[url] = {n: a[n] - b.get(n, 0.0) for n in sorted(a) if n in set(entry["counters"])}
+    return out
+
+
 def summarize(before: dict[str, Any], after: dict[str, Any], prefix: str) -> dict[str, Any]:
     """Deltas of counters, values of gauges, and the derived numbers, for the phase between two scrapes."""
     b, a = _by_name(before), _by_name(after)
@@ -97,6 +108,7 @@ def summarize(before: dict[str, Any], after: dict[str, Any], prefix: str) -> dic
         "urls": sorted(set(before) | set(after)),
         "scrape_errors": errors,
         "counter_deltas": delta,
+        "counter_deltas_by_url": _per_url_deltas(before, after),
         "gauges_after": gauges,
         "prefix_cache_hit_rate": hit_rate,
         "prompt_tokens": prompt,

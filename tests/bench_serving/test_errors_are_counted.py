@@ -78,3 +78,12 @@ def test_api_key_is_sent_but_never_recorded(fault_server, run_bench):
     assert ok["config"]["target"]["api_key"] == "<redacted>"
     refused = run_bench(srv.url, "--num-prompts", "2", *ARGS, "--api-key=wrong")["phases"][0]
     assert refused["errors"] == {"http_401": 2}
+
+
+def test_a_failed_warmup_is_recorded_and_reported(fault_server, run_bench, caplog):
+    srv = fault_server(fail_every=1, fail_status=502)
+    res = run_bench(srv.url, "--num-prompts", "1", *ARGS[:4], "--warmup-requests", "1")
+    assert res["target"]["warmup"] == [{"ok": False, "error": "http_502",
+                                        "error_message": "injected failure of request 1"}]
+    assert "a warmup request failed (http_502" in caplog.text
+    assert res["phases"][0]["errors"] == {"http_502": 1}

@@ -60,6 +60,9 @@ def test_several_metrics_urls_are_summed(fault_server, run_bench):
     sm = ph["server_metrics"]
     assert sm["urls"] == sorted([a.url + "/metrics", b.url + "/metrics"])
     assert sm["kv_transfer_bytes"] == 10  # all of it on a; b saw no traffic
+    by_url = sm["counter_deltas_by_url"]
+    assert by_url[a.url + "/metrics"]["splitserve_generation_tokens_total"] == 4
+    assert by_url[b.url + "/metrics"]["splitserve_generation_tokens_total"] == 0
     assert sm["gauges_after"]["splitserve_num_running_reqs"] == 0
 
 
