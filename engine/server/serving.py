@@ -43,7 +43,13 @@ class ServingContext:
 
 
 def request_id(http: HTTPRequest, body: RoutingFields, prefix: str) -> str:
-    return body.rid or http.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
+    """The engine's id for the request: the body's ``rid`` as given (the client promises it is unique and may
+    abort by it); else the ``x-request-id`` header (which a router keeps across retries, so it gets a unique
+    suffix and logs still show it); else a fresh one."""
+    if body.rid:
+        return body.rid
+    header = http.headers.get("x-request-id")
+    return f"{header}-{uuid.uuid4().hex[:8]}" if header else f"{prefix}-{uuid.uuid4().hex}"
 
 
 def build_requests(ctx: ServingContext, prompts: list[list[int]], params: SamplingParams, n: int, rid: str,
