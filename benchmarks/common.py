@@ -1,11 +1,13 @@
 """Shared by the benchmarks: machine floors measured in the run, model folders, result output."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,72 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+class Process:
+    """A server started as ``python -m MODULE --port N ...`` on 127.0.0.1, logging to a temporary file."""
+
+    def __init__(self, module: str, args: list[str]) -> None:
+        import subprocess
+        import sys
+        import tempfile
+
+        self.port = Process.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{module}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @staticmethod
+    def free_port() -> int:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def wait_ready(self, path: str, timeout: float = 300.0) -> None:
+        import httpx
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.proc.args} exited; see {self.log.name}")
+            try:
+                if httpx.get(self.url + path, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.proc.args} not ready in {timeout}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def group(specs: list[tuple[str, list[str]]], ready_path: str = "/health") -> Iterator[tuple[Process, ...]]:
+        procs = [Process(module, args) for module, args in specs]
+        try:
+            for p in procs:
+                p.wait_ready(ready_path)
+            yield tuple(procs)
+        finally:
+            for p in reversed(procs):
+                p.stop()
+
+
+def metric_total(url: str, name: str) -> float:
+    """Sum of a Prometheus metric's samples over all label sets (0 when absent)."""
+    import httpx
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -97,12 +97,12 @@ class PeerLink:
         for r in rooms:
             r.fail_from_peer(self._kind, self._message, self.error)
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """A unary call with our deadline; transport errors kill the link and return None."""
         if not self.alive:
             return None
         try:
-            reply = getattr(self._stub, method)(request, timeout=self._config.rpc_timeout)
+            reply = getattr(self._stub, method)(request, timeout=timeout or self._config.rpc_timeout)
         except ValueError:  # the channel was closed by die() meanwhile
             return None
         except grpc.RpcError as exc:
@@ -131,7 +131,7 @@ class PeerLink:
                 next_beat = time.monotonic() + interval
 
     def _register(self) -> bool:
-        reply = self._call("RegisterPeer", self._register_request(self.peer_id))
+        reply = self._register_call()
         if reply is None:
             return False
         try:
@@ -147,6 +147,33 @@ class PeerLink:
         log.info("registered with prefill peer=%s transport=%s", self.address, self.transport,
                  extra={"peer": self.address, "worker": self._worker})
         return True
+
+    def _register_call(self) -> Any:
+        """RegisterPeer; a server that is slow to answer (a prefill worker still starting, a loaded machine) is
+        asked again with backoff until the bootstrap deadline, a refused connection fails at once."""
+        # finish before the rooms' own Bootstrapping deadline, so they fail as peer_unreachable, not timeout
+        deadline = time.monotonic() + self._config.bootstrap_timeout * 0.9
+        delay = 0.1
+        request = self._register_request(self.peer_id)
+        while True:
+            remaining = deadline - time.monotonic()
+            timeout = max(0.1, min(self._config.rpc_timeout, remaining))
+            if remaining - timeout < delay or not self.alive:  # the last try gets the normal treatment
+                return self._call("RegisterPeer", request, timeout)
+            try:
+                reply = self._stub.RegisterPeer(request, timeout=timeout)
+            except ValueError:  # the channel was closed by die() meanwhile
+                return None
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return self._call("RegisterPeer", request, timeout)  # fails the link the usual way
+                log.warning("prefill %s slow to answer RegisterPeer; asking again", self.address,
+                            extra={"peer": self.address, "worker": self._worker})
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            self.last_heard = time.monotonic()
+            return reply
 
     def _read_events(self) -> None:
         why = "event stream ended"

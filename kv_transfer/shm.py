@@ -76,8 +76,9 @@ class SharedSegment:
         except OSError as exc:
             raise ConfigError(f"cannot open shared segment {name}: {exc}") from exc
         try:
-            # MAP_POPULATE fills the page tables now, so the first transfers do not pay a fault per 4 KiB.
-            mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            # No MAP_POPULATE: on tmpfs it would allocate the whole pool (sized for the worst case) at once;
+            # pages fault in as transfers first touch them, which costs little next to the copy itself.
+            mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED)
         finally:
             os.close(fd)
         if mm[:len(MAGIC)] != MAGIC or (nonce is not None and mm[len(MAGIC):len(MAGIC) + 16] != nonce):

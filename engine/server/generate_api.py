@@ -59,11 +59,8 @@ async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext
         outs = await start_stream(http, ctx, reqs)
         return StreamingResponse(_stream(outs, reqs, body.return_logprob), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
-    outputs = await collect(http, ctx, reqs)
-    texts = {r.rid: "" for r in reqs}
-    for out in outputs:
-        texts[out.req.rid] += out.new_text
-    results = [{"text": texts[r.rid], "output_ids": r.output_ids, "meta_info": _meta(r, body.return_logprob)}
+    await collect(http, ctx, reqs)
+    results = [{"text": r.detok.text, "output_ids": r.output_ids, "meta_info": _meta(r, body.return_logprob)}
                for r in reqs]
     return JSONResponse(results if batched or len(results) > 1 else results[0])
 

@@ -80,14 +80,9 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
         outs = await start_stream(http, ctx, reqs)
         return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    outputs = await collect(http, ctx, reqs)
-    texts = {r.rid: "" for r in reqs}
-    lps: dict[str, list[TokenLogprob]] = {r.rid: [] for r in reqs}
-    for out in outputs:
-        texts[out.req.rid] += out.new_text
-        lps[out.req.rid].extend(out.logprobs)
-    choices = [{"index": index[r.rid], "text": texts[r.rid],
-                "logprobs": _legacy_logprobs(ctx, lps[r.rid], 0) if body.logprobs is not None else None,
+    await collect(http, ctx, reqs)
+    choices = [{"index": index[r.rid], "text": r.detok.text,
+                "logprobs": _legacy_logprobs(ctx, r.output_logprobs, 0) if body.logprobs is not None else None,
                 "finish_reason": _finish_reason(r)} for r in reqs]
     return JSONResponse({**base, "choices": choices, "usage": usage(reqs)})
 
@@ -133,14 +128,9 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
         outs = await start_stream(http, ctx, reqs)
         return StreamingResponse(_stream_chat(ctx, outs, reqs, index, base, body.include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    outputs = await collect(http, ctx, reqs)
-    texts = {r.rid: "" for r in reqs}
-    lps: dict[str, list[TokenLogprob]] = {r.rid: [] for r in reqs}
-    for out in outputs:
-        texts[out.req.rid] += out.new_text
-        lps[out.req.rid].extend(out.logprobs)
-    choices = [{"index": index[r.rid], "message": {"role": "assistant", "content": texts[r.rid]},
-                "logprobs": _chat_logprobs(ctx, lps[r.rid]) if logprobs is not None else None,
+    await collect(http, ctx, reqs)
+    choices = [{"index": index[r.rid], "message": {"role": "assistant", "content": r.detok.text},
+                "logprobs": _chat_logprobs(ctx, r.output_logprobs) if logprobs is not None else None,
                 "finish_reason": _finish_reason(r)} for r in reqs]
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": usage(reqs)})
 

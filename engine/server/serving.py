@@ -43,7 +43,13 @@ class ServingContext:
 
 
 def request_id(http: HTTPRequest, body: RoutingFields, prefix: str) -> str:
-    return body.rid or http.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
+    """The engine's id for the request: the body's ``rid`` as given (the client promises it is unique and may
+    abort by it); else the ``x-request-id`` header (which a router keeps across retries, so it gets a unique
+    suffix and logs still show it); else a fresh one."""
+    if body.rid:
+        return body.rid
+    header = http.headers.get("x-request-id")
+    return f"{header}-{uuid.uuid4().hex[:8]}" if header else f"{prefix}-{uuid.uuid4().hex}"
 
 
 def build_requests(ctx: ServingContext, prompts: list[list[int]], params: SamplingParams, n: int, rid: str,
@@ -73,13 +79,13 @@ def abort_error(req: Request) -> APIError | None:
     return APIError(500, f"request aborted: {detail}", "request_aborted")
 
 
-async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> list[StepOutput]:
-    """Run to completion; if the client disconnects first, abort the requests and stop."""
-    outputs: list[StepOutput] = []
+async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> None:
+    """Run to completion (text and logprobs accumulate on the requests); if the client disconnects first,
+    abort the requests and stop."""
 
     async def consume() -> None:
-        async for out in ctx.engine.generate(reqs):
-            outputs.append(out)
+        async for _ in ctx.engine.generate(reqs):
+            pass
 
     task = asyncio.ensure_future(consume())
     try:
@@ -96,7 +102,6 @@ async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -
         err = abort_error(req)
         if err is not None:
             raise err
-    return outputs
 
 
 async def start_stream(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -> AsyncIterator[StepOutput]:

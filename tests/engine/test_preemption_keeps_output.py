@@ -30,3 +30,14 @@ def test_retracted_requests_finish_with_the_same_tokens(tiny_model_dir: Path, te
     tight, retracted_tight = run(tiny_model_dir, 256, temperature)  # 8 x 60 tokens do not fit in 256
     assert retracted_roomy == 0 and retracted_tight > 0
     assert tight == roomy
+
+
+def test_disabled_radix_cache_never_reuses_and_keeps_nothing(tiny_model_dir: Path) -> None:
+    core = make_core(tiny_model_dir, disable_radix_cache=True)
+    prompt = list(range(10, 60))
+    reqs = [core.make_request(prompt, SamplingParams(max_new_tokens=5, temperature=0), detokenize=False)
+            for _ in range(2)]
+    core.run_to_completion(reqs[:1])
+    core.run_to_completion(reqs[1:])
+    assert [r.cached_tokens for r in reqs] == [0, 0] and reqs[0].output_ids == reqs[1].output_ids
+    assert core.allocator.available == core.allocator.capacity  # nothing cached, nothing held

@@ -78,14 +78,22 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model()
 
 
+def run_cluster(model: Path, *decode_args: str, decode_tokens: int = 16384) -> Iterator[Cluster]:
+    """Start a cluster, yield it, stop it (the body of the cluster fixtures)."""
+    prefill, bport = start_prefill(model)
+    decode = start_decode(model, *decode_args, tokens=decode_tokens)
+    colocated = start_colocated(model)
+    try:
+        for srv in (prefill, decode, colocated):
+            srv.wait_ready()
+        router = start_router(prefill, bport, decode).wait_ready(path="/readiness")
+        yield Cluster(prefill, bport, decode, colocated, router)
+        router.stop()
+    finally:
+        for srv in (prefill, decode, colocated):
+            srv.stop()
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path) -> Iterator[Cluster]:
-    prefill, bport = start_prefill(tiny_model_dir)
-    decode = start_decode(tiny_model_dir)
-    colocated = start_colocated(tiny_model_dir)
-    for srv in (prefill, decode, colocated):
-        srv.wait_ready()
-    router = start_router(prefill, bport, decode).wait_ready(path="/readiness")
-    yield Cluster(prefill, bport, decode, colocated, router)
-    for srv in (router, prefill, decode, colocated):
-        srv.stop()
+    yield from run_cluster(tiny_model_dir)

@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.pd.conftest import (Cluster, start_colocated, start_decode, start_prefill, start_router,
-                               wait_pool_idle)
+from tests.pd.conftest import Cluster, run_cluster, wait_pool_idle
 
 N_REQUESTS = 40
 NEAR_TIE = 1e-4
@@ -24,15 +23,8 @@ NEAR_TIE = 1e-4
 
 @pytest.fixture(scope="module")
 def small_cluster(tiny_model_dir: Path) -> Iterator[Cluster]:
-    prefill, bport = start_prefill(tiny_model_dir)
-    decode = start_decode(tiny_model_dir, "--decode-reserve-tokens", "32", tokens=1024)  # ~6 requests at once
-    colocated = start_colocated(tiny_model_dir)
-    for srv in (prefill, decode, colocated):
-        srv.wait_ready()
-    router = start_router(prefill, bport, decode).wait_ready(path="/readiness")
-    yield Cluster(prefill, bport, decode, colocated, router)
-    for srv in (router, prefill, decode, colocated):
-        srv.stop()
+    # a decode pool of 1024 tokens holds about 6 of these requests at once
+    yield from run_cluster(tiny_model_dir, "--decode-reserve-tokens", "32", decode_tokens=1024)
 
 
 def run(url: str, ids: list[int]) -> dict:

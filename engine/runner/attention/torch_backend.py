@@ -65,8 +65,11 @@ class TorchAttentionBackend(AttentionBackend):
             out[:nd] = o.squeeze(2)
         for start, n, slots, mask in self._extend:
             qe = q[start:start + n].transpose(0, 1)  # [H, n, D]
-            ke = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
-            ve = v_cache[slots].transpose(0, 1)
+            if mask is None:  # nothing cached before this chunk: attend over the new k/v, no gather
+                ke, ve = k[start:start + n].transpose(0, 1), v[start:start + n].transpose(0, 1)
+            else:
+                ke = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
+                ve = v_cache[slots].transpose(0, 1)
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, is_causal=mask is None,
                                                scale=self.scale, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)

@@ -1,0 +1,2 @@
+"""bench_serving's parts: config, text and workloads, arrival, client, runner, stats, scrape, report, plots,
+compare."""
