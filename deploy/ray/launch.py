@@ -12,7 +12,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -38,7 +39,6 @@ class Tracked:
     unreachable_since: float | None = None
     restarts_seen: int = 0
     gone: bool = False
-    history: list[str] = field(default_factory=list)  # URLs of earlier incarnations
 
 
 class Launcher:
@@ -110,7 +110,7 @@ class Launcher:
     def _endpoint(info: dict) -> Endpoint:
         return Endpoint(info["role"], info["url"], info["bootstrap_port"])
 
-    def _wait_until(self, done: Any, what: str) -> None:
+    def _wait_until(self, done: Callable[[], bool], what: str) -> None:
         log(f"waiting for {what}")
         deadline = time.monotonic() + self.cfg.startup_timeout
         while not done():
@@ -170,7 +170,6 @@ class Launcher:
         now = time.monotonic()
         if t.info is not None:  # its process is dead: the router stops using that address at the next reconcile
             log(f"{t.name} died ({type(error).__name__}); its address {t.info['url']} is withdrawn")
-            t.history.append(t.info["url"])
             t.info = None
         t.unreachable_since = t.unreachable_since or now
         limit = self.cfg.max_restarts

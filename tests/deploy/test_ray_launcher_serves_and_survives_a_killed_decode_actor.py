@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deploy.conftest import SMALL_WORKERS, LineReader, alive, cmdline, wait_all_gone
+from tests.deploy.conftest import SMALL_WORKERS, LineReader, cmdline, wait_all_gone
 from tests.deploy.ray_head import RayHead
 from tests.deploy.test_up_reports_and_restarts_a_dead_child import chat_succeeds_within
 from tests.helpers import REPO
@@ -43,6 +43,13 @@ def ray_driver(head: RayHead, code: str) -> object:
 
 
 def test_ray_launcher_serves_and_survives_a_killed_decode_actor(ray_head: RayHead, tmp_path) -> None:
+    # A request the cluster cannot hold (GPUs on a CPU-only head) fails with what was asked and what is there.
+    too_big = subprocess.run([sys.executable, "-m", "deploy.ray.launch", "--address", ray_head.address,
+                              "--namespace", NAMESPACE, "--decode-gpus", "1", "--startup-timeout", "3"],
+                             capture_output=True, text=True, timeout=120, env=ray_head.env, cwd=REPO)
+    assert too_big.returncode == 1, too_big.stdout[-2000:] + too_big.stderr[-2000:]
+    assert "Ray could not place 1 prefill and 1 decode workers" in too_big.stdout and "--decode-gpus" in too_big.stdout
+
     launcher = LineReader([sys.executable, "-m", "deploy.ray.launch", "--address", ray_head.address,
                            "--namespace", NAMESPACE, "--prefill", "1", "--decode", "1", "--port", "0",
                            "--num-cpus-per-worker", "1", f"--worker-args={SMALL_WORKERS}"],
