@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.helpers import REPO
@@ -67,6 +68,25 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "?"
+
+
+CHAT = {"model": "tiny-model-v1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def chat_succeeds_within(router: str, seconds: float) -> httpx.Response:
+    """Bounded retries: the first requests after a restart may fail while the peers reconnect."""
+    deadline = time.monotonic() + seconds
+    last: httpx.Response | None = None
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.post(router + "/v1/chat/completions", json=CHAT, timeout=60)
+            if last.status_code == 200:
+                return last
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"no successful chat completion within {seconds}s; last: "
+                         f"{last.status_code if last else None} {last.text if last else ''}")
 
 
 class LineReader:

@@ -14,9 +14,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deploy.conftest import SMALL_WORKERS, LineReader, cmdline, wait_all_gone
+from tests.deploy.conftest import SMALL_WORKERS, LineReader, chat_succeeds_within, cmdline, wait_all_gone
 from tests.deploy.ray_head import RayHead
-from tests.deploy.test_up_reports_and_restarts_a_dead_child import chat_succeeds_within
 from tests.helpers import REPO
 
 NAMESPACE = "splitserve-test"

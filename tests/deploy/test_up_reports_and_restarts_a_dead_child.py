@@ -6,29 +6,8 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
-import httpx
-
-from tests.deploy.conftest import children_of, cmdline, wait_all_gone
-
-CHAT = {"model": "tiny-model-v1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-def chat_succeeds_within(router: str, seconds: float) -> httpx.Response:
-    """Bounded retries: the first requests after a restart may fail while the peers reconnect."""
-    deadline = time.monotonic() + seconds
-    last: httpx.Response | None = None
-    while time.monotonic() < deadline:
-        try:
-            last = httpx.post(router + "/v1/chat/completions", json=CHAT, timeout=60)
-            if last.status_code == 200:
-                return last
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"no successful chat completion within {seconds}s; last: "
-                         f"{last.status_code if last else None} {last.text if last else ''}")
+from tests.deploy.conftest import chat_succeeds_within, children_of, cmdline, wait_all_gone
 
 
 def death_report(up, name: str, pid: int, start: int) -> None:
