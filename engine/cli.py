@@ -7,8 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.tiny_model import DEFAULT_SEED, write_tiny_model
-
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -28,12 +26,13 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("bench", add_help=False, help="load-test an endpoint (splitserve bench --help for its flags)")
     tiny = sub.add_parser("tiny-model", help="write the built-in tiny model (a Hugging Face folder)")
     tiny.add_argument("--out", required=True, type=Path, help="folder to write (created if missing)")
-    tiny.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weight seed (default: %(default)s)")
+    tiny.add_argument("--seed", type=int, default=None, help="weight seed (default: the built-in model's)")
     sub.add_parser("up", add_help=False, help="run the whole cluster (router, prefill and decode workers) here "
                                               "(splitserve up --help for its flags)")
     args = parser.parse_args(argv)
     if args.command == "tiny-model":
-        out = write_tiny_model(args.out, seed=args.seed)
+        from engine.tiny_model import DEFAULT_SEED, write_tiny_model  # torch loads only when it is needed
+        out = write_tiny_model(args.out, seed=DEFAULT_SEED if args.seed is None else args.seed)
         print(f"wrote the tiny model to {out}")
 
 

@@ -55,8 +55,21 @@ def _pool_tokens(cfg: EngineConfig, bytes_per_token: int, device: torch.device) 
         free, _ = torch.cuda.mem_get_info(device)
         budget = free * cfg.cache.mem_fraction
     else:
-        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * cfg.cache.mem_fraction
+        budget = host_memory_bytes() * cfg.cache.mem_fraction
     return int(budget // bytes_per_token)
+
+
+def host_memory_bytes() -> int:
+    """Physical memory, or the container's cgroup limit when that is smaller (a pod's memory limit)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 class EngineCore:

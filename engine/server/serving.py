@@ -92,11 +92,13 @@ async def collect(http: HTTPRequest, ctx: ServingContext, reqs: list[Request]) -
         while not task.done():
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if not task.done() and await http.is_disconnected():
-                task.cancel()
-                break
-        await task
-    except asyncio.CancelledError:
+                task.cancel()  # leaving generate() aborts the requests
+                await asyncio.gather(task, return_exceptions=True)
+                raise APIError(499, "the client disconnected", "client_disconnected")
+        task.result()
+    except asyncio.CancelledError:  # the server is cancelling this handler (shutdown): abort and go
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         raise
     for req in reqs:
         err = abort_error(req)
