@@ -74,7 +74,9 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
     terminal.width = max(len("router"), len(f"prefill-{cfg.prefill - 1}"), len(f"decode-{cfg.decode - 1}"))
     workers: list[Child] = []
     endpoints: list[Endpoint] = []
-    common = split_args(cfg.worker_args)
+    # The workers share this machine's cores: give each its share of torch threads (flags given later win).
+    threads = max(1, (os.cpu_count() or 1) // (cfg.prefill + cfg.decode))
+    common = ["--num-threads", str(threads), *split_args(cfg.worker_args)]
     for i in range(cfg.prefill):
         port, bport = ports.pop(), ports.pop()
         argv = prefill_argv(host=cfg.host, port=port, bootstrap_port=bport, model_path=model,
