@@ -65,11 +65,12 @@ def test_ray_launcher_serves_and_survives_a_killed_decode_actor(ray_head: RayHea
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
             reply.choices[0].message.content
 
-        # Kill the decode actor; Ray restarts it.
+        # Kill the decode actor; Ray restarts it. (The mark comes first: the launcher may report the restart
+        # before the driver that killed the actor has exited.)
+        mark = len(launcher.lines)
         old = ray_driver(ray_head, "a = ray.get_actor('splitserve-test-decode-0')\n"
                                    "info = ray.get(a.info.remote())\nray.kill(a, no_restart=False)\n"
                                    "print(json.dumps(info))")
-        mark = len(launcher.lines)
         launcher.wait_for(r"splitserve-test-decode-0 was restarted by Ray \(restart 1\)", 180, mark)
         launcher.wait_for(r"router: added splitserve-test-decode-0 at ", 180, mark)
         assert not wait_all_gone({old["pid"]}, 30), f"the killed actor's process lives on: {cmdline(old['pid'])}"
