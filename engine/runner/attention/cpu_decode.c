@@ -13,6 +13,26 @@
 #define MAX_GROUP 16
 #define MAX_PAGE 256
 
+/* exp(x) for x <= 0 without a libm call, so the loops over a page vectorize: x*log2(e) = n + f with
+ * |f| <= 0.5, 2^f from a degree-6 polynomial (relative error ~2e-7), 2^n put into the exponent bits. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float t = x * 1.44269504088896341f;
+    const float n = __builtin_roundf(t);
+    const float f = t - n;
+    float p = 1.5403530393381606e-4f;
+    p = p * f + 1.3333558146428443e-3f;
+    p = p * f + 9.6181291076284772e-3f;
+    p = p * f + 5.5504108664821580e-2f;
+    p = p * f + 2.4022650695910071e-1f;
+    p = p * f + 6.9314718055994531e-1f;
+    p = p * f + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = ((uint32_t)h) << 16;
     float f;
@@ -92,29 +112,34 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
                 }
                 for (int g = 0; g < group; g++) {
                     const float *qg = qf[g];
+                    float *sg = s[g];
                     float m = mx[g];
                     for (int t = 0; t < n; t++) {
                         const float *k = kr + t * rs;
                         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
                         for (int d = 0; d < head_dim; d++) dot += qg[d] * k[d];
-                        s[g][t] = dot;
-                        if (dot > m) m = dot;
+                        sg[t] = dot;
+                        m = dot > m ? dot : m;
                     }
-                    const float c = expf(mx[g] - m);
+                    const float c = mx[g] == -INFINITY ? 0.f : exp_nonpositive(mx[g] - m);
+                    float den = 0.f;
+#pragma omp simd reduction(+ : den)
+                    for (int t = 0; t < n; t++) {
+                        sg[t] = exp_nonpositive(sg[t] - m);
+                        den += sg[t];
+                    }
                     float *a = acc[g];
-                    float den = denom[g] * c;
 #pragma omp simd
                     for (int d = 0; d < head_dim; d++) a[d] *= c;
                     for (int t = 0; t < n; t++) {
-                        const float p = expf(s[g][t] - m);
+                        const float p = sg[t];
                         const float *v = vr + t * rs;
-                        den += p;
 #pragma omp simd
                         for (int d = 0; d < head_dim; d++) a[d] += p * v[d];
                     }
                     mx[g] = m;
-                    denom[g] = den;
+                    denom[g] = denom[g] * c + den;
                 }
             }
             for (int g = 0; g < group; g++) {
