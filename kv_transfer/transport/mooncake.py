@@ -9,6 +9,7 @@ them with --transfer-rpc-port-min/max and keep them inside a trusted network.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -17,6 +18,10 @@ from kv_transfer.errors import ConfigError, TransferIOError
 from kv_transfer.transport import Entry
 
 log = logging.getLogger("kv_transfer")
+
+# Mooncake (and the glog inside it) read their log levels when the library loads: quiet them before any import.
+os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+os.environ.setdefault("GLOG_minloglevel", "2")
 
 
 def mooncake_available() -> bool:
