@@ -9,7 +9,8 @@ use crate::worker::LoadGuard;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use crate::upstream::UpBody;
+use hyper::body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,7 +29,7 @@ pub type PrefillTask = JoinHandle<Result<(), RouterError>>;
 
 pub struct ProxyBody {
     pub first: Option<Bytes>,
-    pub inner: Option<Incoming>,
+    pub inner: Option<UpBody>,
     pub prefill: Option<PrefillTask>,
     pub guards: Vec<LoadGuard>,
     pub permit: Option<OwnedSemaphorePermit>,
