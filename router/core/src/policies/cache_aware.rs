@@ -180,6 +180,7 @@ mod tests {
     use super::*;
     use crate::policies::test_util::workers;
     use crate::worker::LoadGuard;
+    use std::time::Duration;
 
     fn policy() -> CacheAware {
         CacheAware::new(CacheAwareConfig {
@@ -217,19 +218,98 @@ mod tests {
         }
     }
 
+    const A: &str = "prompt A: long shared system prompt text, the same for a whole tenant ... q";
+    const B: &str = "prompt B: another shared system prompt text for another tenant ...... q";
+
+    /// Two workers, A's prefix on one and B's on the other, after `a_requests` requests for A
+    /// and `b_requests` for B (so the holders' shares of recent traffic are in that ratio).
+    fn two_tenants(p: &CacheAware, ws: &[Arc<Worker>], a_requests: usize, b_requests: usize) -> (usize, usize) {
+        let a = pick(p, ws, &format!("{A}0")).index;
+        let b = pick(p, ws, &format!("{B}0")).index;
+        assert_ne!(a, b, "new prefixes are placed on different workers");
+        for i in 1..a_requests.max(b_requests) {
+            if i < a_requests {
+                assert_eq!(pick(p, ws, &format!("{A}{i}")).index, a);
+            }
+            if i < b_requests {
+                assert_eq!(pick(p, ws, &format!("{B}{i}")).index, b);
+            }
+        }
+        (a, b)
+    }
+
     #[test]
-    fn an_overloaded_holder_loses_only_its_own_traffic() {
+    fn an_overloaded_worker_with_more_than_its_share_sheds_only_its_own_prefix() {
+        let (ws, mut guards) = workers(&[0, 0]);
+        let p = policy();
+        let (a, b) = two_tenants(&p, &ws, 30, 10);
+        // A's holder is overloaded now: 10 in flight against 0 (> 4 and > 1.5 * 0).
+        guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
+        let moved = pick(&p, &ws, &format!("{A}x"));
+        assert_eq!(moved.index, b, "an overloaded worker carrying more than its share sheds its prefix");
+        // B's traffic keeps its affinity although the cluster is imbalanced.
+        assert_eq!(pick(&p, &ws, &format!("{B}x")).index, b);
+    }
+
+    #[test]
+    fn a_burst_on_a_worker_with_its_fair_share_keeps_affinity() {
+        let (ws, mut guards) = workers(&[0, 0]);
+        let p = policy();
+        let (a, _) = two_tenants(&p, &ws, 20, 30);
+        // A burst: 10 in flight against 0, but A's holder has had less than its share of traffic.
+        guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
+        for i in 0..5 {
+            assert_eq!(pick(&p, &ws, &format!("{A}burst {i}")).index, a);
+        }
+    }
+
+    #[test]
+    fn a_worker_that_shed_a_prefix_keeps_its_others_during_the_cooldown() {
+        let (ws, mut guards) = workers(&[0, 0]);
+        let p = policy();
+        let (a, b) = two_tenants(&p, &ws, 30, 10);
+        let c = "prompt C: a third tenant prompt, also placed on the busy worker ... q";
+        p.tree().insert(format!("{c}0").as_bytes(), &ws[a].url);
+        guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
+        assert_eq!(pick(&p, &ws, &format!("{A}x")).index, b, "first shed");
+        assert_eq!(pick(&p, &ws, &format!("{c}1")).index, a, "no second shed within the cooldown");
+    }
+
+    #[test]
+    fn a_shed_copy_warms_up_before_it_takes_a_share_of_the_prefix() {
+        let (ws, mut guards) = workers(&[0, 0]);
+        let p = policy();
+        let (a, b) = two_tenants(&p, &ws, 30, 10);
+        ws[b].record_duration(Duration::from_millis(200));
+        let busy: Vec<LoadGuard> = (0..10).map(|_| LoadGuard::new(&ws[a])).collect();
+        let t0 = Instant::now();
+        let req = |s: String| s.into_bytes();
+        let first = req(format!("{A}shed"));
+        assert_eq!(p.select_at(&ws, &RouteRequest { text: Some(&first) }, t0).unwrap().index, b);
+        // The copy on b is still being computed: A's requests go back to a (cooling down).
+        let next = req(format!("{A}next"));
+        let c = p.select_at(&ws, &RouteRequest { text: Some(&next) }, t0 + Duration::from_millis(50)).unwrap();
+        assert_eq!(c.index, a);
+        // Once b has had time to finish it, both hold A and the lighter one gets it.
+        drop(busy);
+        guards.extend((0..2).map(|_| LoadGuard::new(&ws[a])));
+        let later = req(format!("{A}later"));
+        let c = p.select_at(&ws, &RouteRequest { text: Some(&later) }, t0 + Duration::from_millis(250)).unwrap();
+        assert_eq!(c.index, b);
+        assert!(c.match_ratio.unwrap() > 0.9);
+    }
+
+    #[test]
+    fn new_prefixes_go_to_the_worker_holding_the_least_text_unless_it_is_busy() {
         let (ws, mut guards) = workers(&[0, 0, 0]);
         let p = policy();
-        let a = pick(&p, &ws, "prompt A: long shared system prompt text ... q0").index;
-        let b = pick(&p, &ws, "prompt B: another shared system prompt text ... q0").index;
-        assert_ne!(a, b);
-        // Overload the holder of A: 10 in flight against a minimum of 0 (> 4 and > 1.5 * 0).
-        guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
-        let moved = pick(&p, &ws, "prompt A: long shared system prompt text ... q1");
-        assert_ne!(moved.index, a, "an overloaded worker must not get more of its prefix");
-        // B's traffic keeps its affinity although the cluster is imbalanced.
-        assert_eq!(pick(&p, &ws, "prompt B: another shared system prompt text ... q1").index, b);
+        p.tree().insert(&[b'x'; 300], &ws[0].url);
+        p.tree().insert(&[b'y'; 100], &ws[1].url);
+        p.tree().insert(&[b'z'; 200], &ws[2].url);
+        guards.push(LoadGuard::new(&ws[1]));
+        assert_eq!(pick(&p, &ws, "a brand new prefix").index, 1, "one more in flight is not busy");
+        guards.extend((0..5).map(|_| LoadGuard::new(&ws[1])));
+        assert_eq!(pick(&p, &ws, "another brand new prefix").index, 2, "6 - 0 in flight is busy (> 4)");
     }
 
     #[test]
