@@ -238,13 +238,19 @@ mod tests {
         (a, b)
     }
 
-    #[test]
-    fn an_overloaded_worker_with_more_than_its_share_sheds_only_its_own_prefix() {
+    /// `two_tenants` with A's holder at 3× B's traffic and overloaded now: 10 in flight against
+    /// 0 (> 4 and > 1.5 * 0). The guards hold the load.
+    fn busy_holder() -> (Vec<Arc<Worker>>, Vec<LoadGuard>, CacheAware, usize, usize) {
         let (ws, mut guards) = workers(&[0, 0]);
         let p = policy();
         let (a, b) = two_tenants(&p, &ws, 30, 10);
-        // A's holder is overloaded now: 10 in flight against 0 (> 4 and > 1.5 * 0).
         guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
+        (ws, guards, p, a, b)
+    }
+
+    #[test]
+    fn an_overloaded_worker_with_more_than_its_share_sheds_only_its_own_prefix() {
+        let (ws, _g, p, _, b) = busy_holder();
         let moved = pick(&p, &ws, &format!("{A}x"));
         assert_eq!(moved.index, b, "an overloaded worker carrying more than its share sheds its prefix");
         // B's traffic keeps its affinity although the cluster is imbalanced.
@@ -265,23 +271,17 @@ mod tests {
 
     #[test]
     fn a_worker_that_shed_a_prefix_keeps_its_others_during_the_cooldown() {
-        let (ws, mut guards) = workers(&[0, 0]);
-        let p = policy();
-        let (a, b) = two_tenants(&p, &ws, 30, 10);
+        let (ws, _g, p, a, b) = busy_holder();
         let c = "prompt C: a third tenant prompt, also placed on the busy worker ... q";
         p.tree().insert(format!("{c}0").as_bytes(), &ws[a].url);
-        guards.extend((0..10).map(|_| LoadGuard::new(&ws[a])));
         assert_eq!(pick(&p, &ws, &format!("{A}x")).index, b, "first shed");
         assert_eq!(pick(&p, &ws, &format!("{c}1")).index, a, "no second shed within the cooldown");
     }
 
     #[test]
     fn a_shed_copy_warms_up_before_it_takes_a_share_of_the_prefix() {
-        let (ws, mut guards) = workers(&[0, 0]);
-        let p = policy();
-        let (a, b) = two_tenants(&p, &ws, 30, 10);
+        let (ws, mut guards, p, a, b) = busy_holder();
         ws[b].record_duration(Duration::from_millis(200));
-        let busy: Vec<LoadGuard> = (0..10).map(|_| LoadGuard::new(&ws[a])).collect();
         let t0 = Instant::now();
         let req = |s: String| s.into_bytes();
         let first = req(format!("{A}shed"));
@@ -291,7 +291,7 @@ mod tests {
         let c = p.select_at(&ws, &RouteRequest { text: Some(&next) }, t0 + Duration::from_millis(50)).unwrap();
         assert_eq!(c.index, a);
         // Once b has had time to finish it, both hold A and the lighter one gets it.
-        drop(busy);
+        guards.clear();
         guards.extend((0..2).map(|_| LoadGuard::new(&ws[a])));
         let later = req(format!("{A}later"));
         let c = p.select_at(&ws, &RouteRequest { text: Some(&later) }, t0 + Duration::from_millis(250)).unwrap();
