@@ -16,7 +16,9 @@
 //! one `writev`; nothing waits for data that has not arrived, so no event is delayed. A
 //! response read to its end gives the connection back to the pool; one dropped early (the
 //! client went away, an error) closes it, which is how a worker learns that its request was
-//! abandoned.
+//! abandoned. Idle connections are not polled: one the worker closed meanwhile is found at
+//! checkout (one poll reads its EOF) or dropped by `prune` (run with the policy maintenance,
+//! every --eviction-interval-secs) once idle for longer than the idle timeout.
 
 use bytes::Bytes;
 use http::{Request, Response};
