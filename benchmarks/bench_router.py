@@ -1,10 +1,10 @@
 """Router benchmark: SplitServe's router against sglang-router and vllm-router, side by side
 in one run, on the same stand-in worker processes (router/bench_worker, a fast Rust server).
 
-Throughput: wrk (Debian's `wrk`, not Python-bound) against each router pinned to CPU 0, the
-worker and wrk on CPU 1: requests/s, p50/p99 at concurrency 1, 32, 128 on /generate and
-/v1/completions; streamed requests/s at concurrency 32; router CPU µs per request; resident
-memory. The bare worker (no router) is measured the same way as the ceiling.
+Throughput: wrk (Debian's `wrk`, not Python-bound; HTTP/1.1 keep-alive, TCP_NODELAY on its
+sockets) against each router pinned to CPU 0, the worker and wrk on CPU 1: requests/s, p50/p99
+at concurrency 1, 32, 128 on /generate and /v1/completions; streamed requests/s at concurrency 1
+and 32, events back to back and 200 µs apart; router CPU µs per request; resident memory. The bare worker (no router) is measured the same way as the ceiling.
 Routing quality: 4 workers that simulate a prefix cache, a closed-loop client (concurrency 32)
 sending many shared system prompts (64, ~1.8 kB) with distinct suffixes; share of prompt bytes served from
 cache and max/min requests per worker, each router at its default cache_aware settings.
@@ -104,9 +104,9 @@ class Server:
             self.popen.wait()
 
 
-def start(name: str, cmd: list[str], cpu: str, port: int, log_dir: Path) -> Server:
+def start(name: str, cmd: list[str], cpu: str, port: int, log_dir: Path, cwd: Path = ROOT) -> Server:
     log = (log_dir / f"{name}.log").open("wb")
-    p = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    p = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     return Server(name, p, f"http://127.0.0.1:{port}")
 
 
@@ -116,12 +116,15 @@ def bench_worker_bin() -> Path:
 
 
 EXTRA: dict[str, list[str]] = {}
+BASELINE = "splitserve-baseline"
+# Where each router is started from: the baseline is another checkout's `router` package.
+CWD: dict[str, Path] = {}
 
 
 def router_cmd(kind: str, port: int, urls: list[str], venv: Path) -> list[str]:
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
               *EXTRA.get(kind, [])]
-    if kind == "splitserve":
+    if kind in ("splitserve", BASELINE):
         return [sys.executable, "-m", "router.launch_router", *common, "--log-level", "warn"]
     if kind == "sglang-router":
         return [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
@@ -165,11 +168,14 @@ def throughput(kind: str, url: str, pid: int | None, args: argparse.Namespace, t
             print(f"  {kind:14s} {path:16s} c={c:<4d} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
                   f"  non2xx {r['non2xx']:.0f}", flush=True)
     # Streams of 16 events: back to back (router cost per event), and 200 µs apart like tokens
-    # (a router that leaves Nagle on stalls on the later events).
-    for label, gap in (("stream c=32", 0), ("stream+gaps c=32", 200)):
+    # (a router that leaves Nagle on stalls on the later events until the client's delayed ACK,
+    # ~40 ms on Linux; on one keep-alive connection that shows on every response, at c=32 a busy
+    # router mostly coalesces the events and it shows in the tail).
+    for label, gap, conns in (("stream c=1", 0, 1), ("stream+gaps c=1", 200, 1),
+                              ("stream c=32", 0, 32), ("stream+gaps c=32", 200, 32)):
         before = cpu_secs(pid) if pid else 0.0
         body = {**gen, "text": f"[gap_us={gap}] " + gen["text"], "stream": True}
-        s = wrk(f"{url}/generate", body, 32, args.duration, tmp)
+        s = wrk(f"{url}/generate", body, conns, args.duration, tmp)
         if pid and s["requests"]:
             s["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / s["requests"]
         rows[label] = s
@@ -205,7 +211,8 @@ def quality(kind: str, args: argparse.Namespace, wbin: Path, log_dir: Path) -> d
     for w in workers:
         wait_http(f"{w.url}/health")
     rport = free_port()
-    r = start(f"quality-{kind}", router_cmd(kind, rport, [w.url for w in workers], args.competitor_venv), "0", rport, log_dir)
+    r = start(f"quality-{kind}", router_cmd(kind, rport, [w.url for w in workers], args.competitor_venv), "0", rport, log_dir,
+              CWD.get(kind, ROOT))
     try:
         wait_http(f"{r.url}/generate", method="POST", body=b'{"text": "warm"}')
         asyncio.run(quality_load(r.url, args.quality_requests, 32, args.seed))
@@ -225,6 +232,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--competitor-venv", type=Path, default=Path(os.environ.get("ROUTER_BENCH_VENV", "/work/venv-bench")))
     p.add_argument("--routers", default="splitserve,sglang-router,vllm-router")
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help=f"also measure, as {BASELINE!r}, the SplitServe router of another checkout (DIR holds its "
+                        "`router` package with the extension built), e.g. main before a change")
     p.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32, 128])
     p.add_argument("--quality-requests", type=int, default=3000)
@@ -235,6 +245,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "router.json")
     args = p.parse_args()
     kinds = [k for k in args.routers.split(",") if k]
+    if args.baseline:
+        kinds.insert(1, BASELINE)
+        CWD[BASELINE] = args.baseline.resolve()
     for e in args.extra:
         k, _, v = e.partition("=")
         EXTRA[k] = v.split()
@@ -255,7 +268,8 @@ def main() -> int:
                 results["throughput"]["bare worker"] = throughput("bare worker", worker.url, None, args, tmp)
             for kind in kinds_t:
                 rport = free_port()
-                r = start(kind, router_cmd(kind, rport, [worker.url], args.competitor_venv), "0", rport, tmp)
+                r = start(kind, router_cmd(kind, rport, [worker.url], args.competitor_venv), "0", rport, tmp,
+                          CWD.get(kind, ROOT))
                 try:
                     wait_http(f"{r.url}/generate", method="POST", body=b'{"text": "warm"}')
                     results["throughput"][kind] = throughput(kind, r.url, r.popen.pid, args, tmp)
@@ -276,12 +290,14 @@ def print_tables(res: dict[str, Any], kinds: list[str]) -> None:
     if not t:
         t = {"bare worker": {}}
     cols = [k for k in t["bare worker"] if k != "rss_mib"]
-    print("\n| router | " + " | ".join(cols) + " | CPU µs/req (/generate c=128) | RSS MiB |")
-    print("|---" * (len(cols) + 3) + "|")
+    cpu_cols = ("/generate c=128", "stream c=32")
+    print("\n| router | " + " | ".join(cols) + " | " + " | ".join(f"CPU µs/req ({c})" for c in cpu_cols) + " | RSS MiB |")
+    print("|---" * (len(cols) + 2 + len(cpu_cols)) + "|")
     for name, rows in t.items():
         cells = [f"{rows[c]['rps']:.0f} ({rows[c]['p50_ms']:.2f}/{rows[c]['p99_ms']:.2f})" for c in cols]
-        cpu = rows.get("/generate c=128", {}).get("cpu_us_per_req")
-        print(f"| {name} | " + " | ".join(cells) + f" | {'' if cpu is None else f'{cpu:.0f}'} | {rows.get('rss_mib', float('nan')):.0f} |")
+        cpus = [rows.get(c, {}).get("cpu_us_per_req") for c in cpu_cols]
+        cpu_cells = " | ".join("" if v is None else f"{v:.0f}" for v in cpus)
+        print(f"| {name} | " + " | ".join(cells) + f" | {cpu_cells} | {rows.get('rss_mib', float('nan')):.0f} |")
     print("\ncells: requests/s (p50 ms / p99 ms)\n\n| router | cache hit share | max/min requests per worker |\n|---|---|---|")
     for k in kinds:
         q = res["quality"][k]

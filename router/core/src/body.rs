@@ -9,7 +9,8 @@ use crate::worker::LoadGuard;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use crate::upstream::UpBody;
+use hyper::body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -24,11 +25,45 @@ pub fn full(b: impl Into<Bytes>) -> RespBody {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
 }
 
-pub type PrefillTask = JoinHandle<Result<(), RouterError>>;
+/// The prefill side of a PD attempt, running as a task of its own. Dropping it aborts the task,
+/// which closes the prefill connection (the prefill worker aborts the request and its room):
+/// whatever ends an attempt early — a decode failure, a deadline, the client going away before
+/// or after its first byte — cancels the prefill side with it. `detach` lets it finish instead.
+pub struct PrefillTask(Option<JoinHandle<Result<(), RouterError>>>);
+
+impl PrefillTask {
+    pub fn spawn(f: impl Future<Output = Result<(), RouterError>> + Send + 'static) -> Self {
+        PrefillTask(Some(tokio::spawn(f)))
+    }
+
+    /// Lets the task run to completion on its own.
+    pub fn detach(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Future for PrefillTask {
+    type Output = Result<Result<(), RouterError>, tokio::task::JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.0.as_mut() {
+            Some(h) => Pin::new(h).poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for PrefillTask {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.abort();
+        }
+    }
+}
 
 pub struct ProxyBody {
     pub first: Option<Bytes>,
-    pub inner: Option<Incoming>,
+    pub inner: Option<UpBody>,
     pub prefill: Option<PrefillTask>,
     pub guards: Vec<LoadGuard>,
     pub permit: Option<OwnedSemaphorePermit>,
@@ -42,9 +77,7 @@ impl ProxyBody {
     fn fail(&mut self, err: RouterError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         tracing::warn!(request_id = %self.request_id, error = %err, "response stream aborted");
         self.inner = None;
-        if let Some(p) = self.prefill.take() {
-            p.abort();
-        }
+        self.prefill = None;
         if self.sse {
             let ev = format!("data: {}\n\n", String::from_utf8_lossy(&err.body()));
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(ev)))))
@@ -89,7 +122,9 @@ impl Body for ProxyBody {
             Poll::Ready(None) => {
                 this.inner = None;
                 // Prefill still finishing (it normally ends first): let it run to completion.
-                this.prefill = None;
+                if let Some(p) = this.prefill.take() {
+                    p.detach();
+                }
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -122,15 +157,6 @@ impl Body for ProxyBody {
             }
             (None, Some(f)) => SizeHint::with_exact(f.len() as u64),
             (None, None) => SizeHint::with_exact(0),
-        }
-    }
-}
-
-impl Drop for ProxyBody {
-    fn drop(&mut self) {
-        // The client went away before the end: cancel the prefill side too.
-        if let Some(p) = self.prefill.take() {
-            p.abort();
         }
     }
 }

@@ -1,27 +1,30 @@
-//! The pooled HTTP/1.1 client the router uses to reach workers (keep-alive, TCP_NODELAY).
+//! Requests to workers: end-to-end headers, the request id, JSON content type; over the
+//! keep-alive connections of [`crate::upstream::Pool`] (TCP_NODELAY, driven by the caller).
 
 use crate::error::RouterError;
+use crate::upstream::{Pool, PoolConfig, UpBody};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = Pool;
 
 pub fn build() -> HttpClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_keepalive(Some(Duration::from_secs(30)));
-    conn.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(4096)
-        .build(conn)
+    Pool::new(PoolConfig::default())
+}
+
+/// `http://host:port/prefix` → (`host:port`, `/prefix`); only plain HTTP.
+fn split_url(url: &str) -> Result<(&str, &str), RouterError> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| RouterError::Connect {
+        worker: url.to_string(),
+        message: "only http:// worker URLs are supported".into(),
+    })?;
+    Ok(match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    })
 }
 
 /// Headers that belong to one connection and are never forwarded.
@@ -43,13 +46,17 @@ pub async fn send(
     headers: &HeaderMap,
     request_id: &str,
     body: Bytes,
-) -> Result<Response<Incoming>, RouterError> {
-    let mut req = Request::builder().method(method).uri(url);
+) -> Result<Response<UpBody>, RouterError> {
+    let (authority, path) = split_url(url)?;
+    let mut req = Request::builder().method(method).uri(path);
     let h = req.headers_mut().expect("builder has no error yet");
     for (k, v) in headers {
         if !is_hop_by_hop(k) && k != REQUEST_ID {
             h.append(k, v.clone());
         }
+    }
+    if let Ok(v) = HeaderValue::from_str(authority) {
+        h.insert(http::header::HOST, v);
     }
     if let Ok(v) = HeaderValue::from_str(request_id) {
         h.insert(REQUEST_ID, v);
@@ -60,20 +67,11 @@ pub async fn send(
     let req = req
         .body(Full::new(body))
         .map_err(|e| RouterError::BadRequest(format!("cannot build a request for {url}: {e}")))?;
-    client.request(req).await.map_err(|e| {
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
-        RouterError::Connect { worker: url.to_string(), message: msg }
-    })
+    client.request(authority, req).await.map_err(|message| RouterError::Connect { worker: url.to_string(), message })
 }
 
 /// Reads a whole (small) worker body, at most `limit` bytes.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, String> {
+pub async fn read_body(body: UpBody, limit: usize) -> Result<Bytes, String> {
     Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
 }
 

@@ -1,5 +1,5 @@
 //! Background tasks: health checks with failure/success thresholds, the `/get_load` poller
-//! (power_of_two), and periodic policy maintenance (cache_aware tree eviction).
+//! (power_of_two), and periodic maintenance (cache_aware tree eviction, expired idle connections).
 
 use crate::client::get_ok;
 use crate::config::PolicyKind;
@@ -75,6 +75,7 @@ async fn maintenance_loop(state: Arc<AppState>) {
             p.maintenance();
         }
         state.registry.draining();
+        state.client.prune();
     }
 }
 

@@ -19,6 +19,7 @@ pub mod retry;
 pub mod server;
 pub mod state;
 pub mod text;
+pub mod upstream;
 pub mod worker;
 
 pub use config::{ConfigError, PolicyKind, PrefillSpec, RouterConfig};

@@ -93,7 +93,7 @@ async fn attempt(state: &Arc<AppState>, out: &mut Outgoing, p: Arc<Worker>, d: A
     };
     let (pg, dg) = (LoadGuard::new(&p), LoadGuard::new(&d));
     let p_url = format!("{}{}", p.url, out.path_and_query);
-    let mut ptask: PrefillTask = tokio::spawn(prefill_call(state.clone(), p.clone(), pg, p_url, out.headers.clone(), out.request_id.clone(), body.clone()));
+    let mut ptask = PrefillTask::spawn(prefill_call(state.clone(), p.clone(), pg, p_url, out.headers.clone(), out.request_id.clone(), body.clone()));
     let d_url = format!("{}{}", d.url, out.path_and_query);
     let (headers, request_id) = (out.headers.clone(), out.request_id.clone());
     let d_send = client::send(&state.client, out.method.clone(), &d_url, &headers, &request_id, body);
@@ -110,19 +110,16 @@ async fn attempt(state: &Arc<AppState>, out: &mut Outgoing, p: Arc<Worker>, d: A
             r = &mut d_send => match r {
                 Ok(resp) => break resp,
                 Err(e) => {
-                    ptask.abort();
                     d.breaker.record(false);
                     return Attempt::Failed(e);
                 }
             },
             _ = tokio::time::sleep_until(deadline) => {
-                ptask.abort();
                 return Attempt::Failed(RouterError::Timeout(state.cfg.request_timeout_secs));
             }
         }
     };
     if !resp.status().is_success() {
-        ptask.abort();
         let e = upstream_error(&d, resp).await;
         d.breaker.record(!e.is_worker_fault());
         if e.retryable() {
@@ -146,14 +143,12 @@ async fn attempt(state: &Arc<AppState>, out: &mut Outgoing, p: Arc<Worker>, d: A
                     Err(_) => continue,
                 },
                 Some(Err(e)) => {
-                    ptask.abort();
                     d.breaker.record(false);
                     return Attempt::Failed(RouterError::Upstream { worker: d.url.to_string(), status: 502, message: format!("decode stream broke: {e}") });
                 }
                 None => break None,
             },
             _ = tokio::time::sleep_until(deadline) => {
-                ptask.abort();
                 return Attempt::Failed(RouterError::Timeout(state.cfg.request_timeout_secs));
             }
         }

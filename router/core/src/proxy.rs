@@ -11,7 +11,7 @@ use crate::state::AppState;
 use crate::worker::{LoadGuard, Role, Worker};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
-use hyper::body::Incoming;
+use crate::upstream::UpBody;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::OwnedSemaphorePermit;
@@ -68,7 +68,7 @@ pub fn pick(
 }
 
 /// Turns a worker's non-success answer into an error (reading its message).
-pub async fn upstream_error(worker: &Worker, resp: Response<Incoming>) -> RouterError {
+pub async fn upstream_error(worker: &Worker, resp: Response<UpBody>) -> RouterError {
     let status = resp.status().as_u16();
     let msg = match client::read_body(resp.into_body(), 64 << 10).await {
         Ok(b) => upstream_message(&b),
@@ -78,7 +78,7 @@ pub async fn upstream_error(worker: &Worker, resp: Response<Incoming>) -> Router
 }
 
 /// The client's response: the worker's status and headers, its body streamed through.
-pub fn pass_through(state: &AppState, out: &mut Outgoing, resp: Response<Incoming>, first: Option<Bytes>, guards: Vec<LoadGuard>, prefill: Option<crate::body::PrefillTask>, deadline: TokioInstant) -> Response<RespBody> {
+pub fn pass_through(state: &AppState, out: &mut Outgoing, resp: Response<UpBody>, first: Option<Bytes>, guards: Vec<LoadGuard>, prefill: Option<crate::body::PrefillTask>, deadline: TokioInstant) -> Response<RespBody> {
     let (parts, inner) = resp.into_parts();
     let sse = out.is_stream()
         || parts.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));

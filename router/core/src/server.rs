@@ -162,6 +162,11 @@ pub async fn serve(state: Arc<AppState>, listener: TcpListener, stop: impl std::
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.keep_alive(true);
+    // No half-closed clients: while a request's answer is pending, hyper keeps reading the
+    // client connection and an EOF there ends the connection and drops the request's future,
+    // upstream requests included (the workers then abort them). That is how a client that
+    // goes away before its first byte is noticed, at no cost per request.
+    http.half_close(false);
     tokio::pin!(stop);
     loop {
         tokio::select! {

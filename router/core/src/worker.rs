@@ -3,6 +3,7 @@
 use crate::breaker::{BreakerConfig, CircuitBreaker};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -31,6 +32,8 @@ impl Role {
 }
 
 const NO_REPORT: u64 = u64::MAX;
+/// Weight of a new sample in the request-duration average: 1/16.
+const DURATION_SHIFT: u32 = 4;
 
 #[derive(Debug)]
 pub struct Worker {
@@ -45,6 +48,8 @@ pub struct Worker {
     admitted: AtomicBool,
     fails: AtomicU32,
     oks: AtomicU32,
+    /// Moving average of how long requests stayed in flight (ns; 0 until one finished).
+    duration_ns: AtomicU64,
     pub breaker: CircuitBreaker,
 }
 
@@ -72,6 +77,7 @@ impl Worker {
             admitted: AtomicBool::new(healthy),
             fails: AtomicU32::new(0),
             oks: AtomicU32::new(0),
+            duration_ns: AtomicU64::new(0),
             breaker: CircuitBreaker::new(breaker),
         })
     }
@@ -79,6 +85,22 @@ impl Worker {
     /// Requests this router has in flight on the worker (the load cache_aware balances).
     pub fn load(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Moving average (weight 1/16 per request) of the time requests stayed in flight on this
+    /// worker, from dispatch to the end of the response; None until one has finished.
+    pub fn typical_duration(&self) -> Option<Duration> {
+        match self.duration_ns.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+
+    pub fn record_duration(&self, d: Duration) {
+        let d = (d.as_nanos() as u64).max(1);
+        let _ = self.duration_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some(if old == 0 { d } else { (old - (old >> DURATION_SHIFT) + (d >> DURATION_SHIFT)).max(1) })
+        });
     }
 
     /// running + queued from the worker's last `/get_load` answer, if any.
@@ -130,15 +152,15 @@ impl Worker {
 }
 
 /// Counts a request as load on a worker from dispatch until dropped (response end, error,
-/// client disconnect — whatever comes first).
+/// client disconnect — whatever comes first), and feeds the worker's typical request duration.
 #[derive(Debug)]
-pub struct LoadGuard(Arc<Worker>);
+pub struct LoadGuard(Arc<Worker>, Instant);
 
 impl LoadGuard {
     pub fn new(w: &Arc<Worker>) -> Self {
         w.inflight.fetch_add(1, Ordering::Relaxed);
         w.breaker.on_dispatch();
-        LoadGuard(w.clone())
+        LoadGuard(w.clone(), Instant::now())
     }
 
     pub fn worker(&self) -> &Arc<Worker> {
@@ -149,12 +171,31 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.0.record_duration(self.1.elapsed());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn worker() -> Arc<Worker> {
+        let cfg = BreakerConfig { failure_threshold: 0, success_threshold: 1, open_for: Duration::from_secs(1) };
+        Worker::new("http://127.0.0.1:9", Role::Regular, None, cfg, true)
+    }
+
+    #[test]
+    fn typical_duration_follows_finished_requests() {
+        let w = worker();
+        assert_eq!(w.typical_duration(), None);
+        w.record_duration(Duration::from_millis(100));
+        assert_eq!(w.typical_duration(), Some(Duration::from_millis(100)));
+        for _ in 0..200 {
+            w.record_duration(Duration::from_millis(10));
+        }
+        let d = w.typical_duration().unwrap();
+        assert!(d > Duration::from_millis(9) && d < Duration::from_millis(11), "{d:?}");
+    }
 
     #[test]
     fn host_is_taken_from_the_url() {

@@ -3,6 +3,7 @@
 //! closed or half-open with a free trial slot, not draining) and returns the index it chose.
 
 mod cache_aware;
+mod ledger;
 mod power_of_two;
 mod random;
 mod round_robin;
