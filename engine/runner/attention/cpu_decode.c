@@ -84,8 +84,8 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
             float kbuf[MAX_PAGE * MAX_HEAD_DIM], vbuf[MAX_PAGE * MAX_HEAD_DIM];
             const int64_t qrow = (int64_t)b * num_heads + (int64_t)kvh * group;
             rows_to_f32(q, qrow * head_dim, head_dim, group, head_dim, dtype, &qf[0][0]);
-            for (int g = 0; g < group; g++) {
-                if (g) memmove(qf[g], &qf[0][0] + (int64_t)g * head_dim, (size_t)head_dim * sizeof(float));
+            for (int g = group - 1; g > 0; g--) {  /* spread the dense rows out, last first: no overlap */
+                memmove(qf[g], &qf[0][0] + (int64_t)g * head_dim, (size_t)head_dim * sizeof(float));
             }
             for (int g = 0; g < group; g++) {
                 for (int d = 0; d < head_dim; d++) { qf[g][d] *= scale; acc[g][d] = 0.f; }
