@@ -3,6 +3,7 @@ request with an error within its deadline (never a 200 with a partial answer), r
 size, and serves new requests."""
 from __future__ import annotations
 
+import random
 import signal
 from pathlib import Path
 
@@ -13,17 +14,22 @@ from tests.pd.faults import LONG_PROMPT, pair, rooms, serves, wait_for
 
 ERROR_WITHIN = 30  # seconds: prefill time before the fault + the 2 s heartbeat deadline + slack for a loaded machine
 SLOW_PREFILL = ("--chunked-prefill-size", "8")
+# The decode side's death must be noticed while pages are still moving: a frozen decode worker's shared
+# memory still takes writes, so the prefill must outlast the 2 s heartbeat deadline by a wide margin even on
+# a fast machine (4000 tokens in one-page chunks: ~5 s where 3000 in 8-token chunks took 2 s).
+SLOWER_PREFILL = ("--chunked-prefill-size", "4")
+LONGER_PROMPT = [random.Random(2).randrange(10, 4000) for _ in range(4000)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_decode_dies_mid_transfer(tiny_model_dir: Path, sig: signal.Signals) -> None:
-    prefill, bport = start_prefill(tiny_model_dir, *SLOW_PREFILL)
+    prefill, bport = start_prefill(tiny_model_dir, *SLOWER_PREFILL)
     decode = start_decode(tiny_model_dir)
     spare = start_decode(tiny_model_dir)
     try:
         for srv in (prefill, decode, spare):
             srv.wait_ready()
-        p, d = pair(prefill, bport, decode, 101, LONG_PROMPT)
+        p, d = pair(prefill, bport, decode, 101, LONGER_PROMPT)
         wait_for(lambda: rooms(prefill, "prefill", "transferring") >= 1, what="pages moving")
         decode.proc.send_signal(sig)
         p.wait()
