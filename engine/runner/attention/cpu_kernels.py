@@ -32,7 +32,9 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: CPU decode attention uses the slower pure-torch path")
         return None
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+    # FMAs and reassociated (tree) reductions in the dot products; no errno, no trapping math
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast",
+             "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
     digest = hashlib.sha256(_SOURCE.read_bytes() + cc.encode() + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_decode-{digest}.so"
     if not target.is_file():
@@ -73,6 +75,8 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), page_table.data_ptr(),
         kv_lens.data_ptr(), b, h, k_cache.shape[1], d, page_size, page_table.shape[1], scale,
         _DTYPE_CODES[q.dtype], torch.get_num_threads())
+    if rc == -2:
+        raise MemoryError("CPU decode kernel could not allocate its per-thread scratch")
     if rc != 0:
         raise RuntimeError(f"CPU decode kernel refused the shapes (heads={h}, kv_heads={k_cache.shape[1]}, dim={d})")
     return out
