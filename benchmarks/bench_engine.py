@@ -141,6 +141,39 @@ def prefix_reuse(threads: int, system_len: int = 2000, suffix_len: int = 100, n:
     return result
 
 
+def count_params(path: Path) -> tuple[int | None, int | None]:
+    """All parameters, and those that take part in matmuls (all but the input embedding, which is a lookup)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None, None
+    from safetensors import safe_open
+    total = embed = 0
+    lm_head = False
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():
+                numel = 1
+                for d in st.get_slice(key).get_shape():
+                    numel *= d
+                total += numel
+                embed += numel if key.endswith("embed_tokens.weight") else 0
+                lm_head = lm_head or key.startswith("lm_head")
+    return total, total - embed if lm_head else total  # tied: the embedding is also the output matmul
+
+
+def token_floors(floors: dict[str, float], dtype: str, matmul_params: int | None) -> dict[str, float]:
+    """Compute floors in tokens/s from this run's matmul throughput: 2 flops per matmul parameter per token
+    (attention's own flops are left out, so these are upper bounds on what the weights allow). Decode uses
+    the batch-64 matmul rate, prefill the batch-512 one (float32) or the bfloat16 rate."""
+    if not matmul_params:
+        return {}
+    bf16 = dtype == "bfloat16"
+    decode = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m64"]
+    prefill = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m512"]
+    return {"decode_floor_tok_s": decode * 1e9 / (2 * matmul_params),
+            "prefill_floor_tok_s": prefill * 1e9 / (2 * matmul_params)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["tiny", "150m"], choices=["tiny", "150m"])
@@ -162,13 +195,13 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in args.models:
         path = model_dir(name)
-        params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
-            path / "model.safetensors").values()) if (path / "model.safetensors").is_file() else None
+        params, matmul_params = count_params(path)
         for dtype in args.dtypes:
             prompts = prompts_for(args.num_requests, args.prompt_len, 4000)
             peak = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m512"]
             job_flops = 2 * (params or 0) * args.num_requests * (args.prompt_len + args.output_len)
-            base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9}
+            base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9,
+                    **token_floors(floors, dtype, matmul_params)}
             ours = run_ours(path, dtype, args.threads, prompts, args.output_len)
             rows.append({**base, "system": "splitserve", **ours})
             print(f"{name} {dtype} splitserve: {ours}")
@@ -181,7 +214,8 @@ def main() -> None:
                                                                                 args.output_len)})
                 print(rows[-1])
     print(table(rows, ["model", "dtype", "system", "wall_s", "output_tok_s", "prefill_tok_s",
-                       "decode_tok_s_at_full_batch", "decode_overhead_ms_at_full_batch", "job_floor_s"]))
+                       "decode_tok_s_at_full_batch", "decode_overhead_ms_at_full_batch", "job_floor_s",
+                       "prefill_floor_tok_s", "decode_floor_tok_s"]))
     prefix = None if args.skip_prefix_reuse else prefix_reuse(args.threads)
     if prefix:
         print(f"prefix reuse TTFT: radix {prefix['radix'] * 1e3:.1f} ms, no radix {prefix['no_radix'] * 1e3:.1f} ms, "

@@ -80,6 +80,9 @@ class TransferConfig:
         if self.rpc_port_max:
             os.environ["MC_MAX_RPC_PORT"] = str(self.rpc_port_max)
         os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+        # Mooncake's TCP transport otherwise opens a new connection for every entry: scattered pages (one
+        # entry per page and layer) then crawl (0.01 GB/s measured here against 0.7-1.2 with the pool).
+        os.environ.setdefault("MC_TCP_ENABLE_CONNECTION_POOL", "1")
 
 
 def flag_name(field_name: str) -> str:
