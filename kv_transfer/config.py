@@ -74,12 +74,12 @@ class TransferConfig:
             return "127.0.0.1"
 
     def apply_mooncake_env(self) -> None:
-        """Mooncake reads its port range and log level from the environment at initialize()."""
+        """Mooncake reads its port range and TCP options from the environment at initialize() (its log level
+        is set when kv_transfer.transport.mooncake is imported, before the library loads)."""
         if self.rpc_port_min:
             os.environ["MC_MIN_RPC_PORT"] = str(self.rpc_port_min)
         if self.rpc_port_max:
             os.environ["MC_MAX_RPC_PORT"] = str(self.rpc_port_max)
-        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
         # Mooncake's TCP transport otherwise opens a new connection for every entry: scattered pages (one
         # entry per page and layer) then crawl (0.01 GB/s measured here against 0.7-1.2 with the pool).
         os.environ.setdefault("MC_TCP_ENABLE_CONNECTION_POOL", "1")

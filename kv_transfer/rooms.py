@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Generic, TypeVar
 
 from kv_transfer.config import TransferConfig
@@ -9,7 +10,7 @@ from kv_transfer.metrics import TransferMetrics
 from kv_transfer.state import Failure, FailureKind, RoomState, RoomTracker
 
 
-class RoomHandle:
+class RoomHandle(ABC):
     """One room on one side: non-blocking state, failure and release. Subclasses add abort() and the rest."""
 
     def __init__(self, room: int, config: TransferConfig,
@@ -40,8 +41,9 @@ class RoomHandle:
     def tracker(self) -> RoomTracker:
         return self._tracker
 
+    @abstractmethod
     def abort(self, reason: str) -> None:
-        raise NotImplementedError
+        """Fail the room with `reason` and tell the other side."""
 
     def release(self) -> None:
         """Forget the room (aborting it first if still in flight)."""

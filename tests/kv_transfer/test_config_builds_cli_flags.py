@@ -50,3 +50,14 @@ def test_mooncake_port_range_reaches_the_environment(monkeypatch: pytest.MonkeyP
     import os
 
     assert (os.environ["MC_MIN_RPC_PORT"], os.environ["MC_MAX_RPC_PORT"]) == ("21000", "21100")
+
+
+def test_mooncake_tcp_connection_pool_is_on_unless_the_user_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("MC_TCP_ENABLE_CONNECTION_POOL", raising=False)
+    TransferConfig().apply_mooncake_env()
+    assert os.environ["MC_TCP_ENABLE_CONNECTION_POOL"] == "1"
+    monkeypatch.setenv("MC_TCP_ENABLE_CONNECTION_POOL", "0")
+    TransferConfig().apply_mooncake_env()
+    assert os.environ["MC_TCP_ENABLE_CONNECTION_POOL"] == "0"
