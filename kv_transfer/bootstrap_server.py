@@ -49,6 +49,9 @@ def _make_servicer(manager: "PrefillTransferManager") -> Any:
             return _guard(pb2.AbortRoomReply,
                           lambda: manager.abort_room(request.peer_id, request.room, request.reason))
 
+        def StagingDone(self, request: Any, context: grpc.ServicerContext) -> Any:
+            return _guard(pb2.StagingDoneReply, lambda: manager.staging_done(request.peer_id, request.slot))
+
         def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             try:
                 peer = manager.peer(request.peer_id)

@@ -39,6 +39,9 @@ class TransferConfig:
     rpc_timeout: float = _opt(3.0, "deadline of each bootstrap gRPC call, seconds")
     max_batch_entries: int = _opt(1024, "largest transport batch (Mooncake fails batches above ~1024)")
     aux_staging_slots: int = _opt(1024, "prefill-side aux records that can be in flight at once")
+    staging_slot_bytes: int = _opt(8 << 20, "bytes of each slot that scattered pages are staged through on Mooncake "
+                                             "(one write per slot, copied into place by the decode side; 0 = off)")
+    staging_slots: int = _opt(4, "staging slots the decode side keeps per prefill peer")
     monitor_interval: float = _opt(0.05, "seconds between deadline checks")
     room_linger: float = _opt(60.0, "seconds a finished room stays queryable before it is forgotten")
 
@@ -55,6 +58,8 @@ class TransferConfig:
             raise ConfigError("--transfer-max-batch-entries must be in [1, 1024] (Mooncake's batch limit)")
         if self.aux_staging_slots < 1:
             raise ConfigError("--transfer-aux-staging-slots must be >= 1")
+        if self.staging_slot_bytes < 0 or self.staging_slots < 1:
+            raise ConfigError("--transfer-staging-slot-bytes must be >= 0 (0 = off) and --transfer-staging-slots >= 1")
 
     def deadline_for(self, state_name: str) -> float:
         return {

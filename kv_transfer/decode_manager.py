@@ -12,13 +12,14 @@ from typing import Any, Sequence
 
 from kv_transfer.aux import AuxLayout
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import DuplicateRoomError, PeerUnreachableError, UnknownRoomError
+from kv_transfer.errors import ConfigError, DuplicateRoomError, PeerUnreachableError, UnknownRoomError
 from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peer_link import PeerLink
 from kv_transfer.receiver import KVReceiver
 from kv_transfer.rooms import RoomTable
 from kv_transfer.shm import SharedSegment
+from kv_transfer.staging import PageViews, StagingArea
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
 from kv_transfer.transport.select import ReceiveSide
@@ -40,6 +41,15 @@ class DecodeTransferManager:
         self._lock = threading.Lock()  # guards _links and _closed; taken inside _rooms.lock, never around it
         self._links: dict[str, PeerLink] = {}
         self._closed = False
+        # Staging slots per prefill address (kept for the manager's life: registered memory is never freed
+        # while a peer could still write into it); only Mooncake peers stage.
+        self._staging: dict[str, StagingArea] = {}
+        self._pool_views: PageViews | None = None
+        if config.staging_slot_bytes and self._receive_side.mooncake is not None:
+            self._pool_views = PageViews(layout)
+            if config.staging_slot_bytes < self._pool_views.bytes_per_page:
+                raise ConfigError(f"--transfer-staging-slot-bytes {config.staging_slot_bytes} cannot hold one page "
+                                  f"over all layers ({self._pool_views.bytes_per_page} bytes); raise it or pass 0")
         self._monitor = Ticker(f"kv-monitor-{worker_id}", config.monitor_interval, self._tick)
         log.info("decode transfer manager up worker=%s backend=%s", worker_id, config.backend,
                  extra={"worker": worker_id})
@@ -101,14 +111,30 @@ class DecodeTransferManager:
         key = f"{host}:{port}"
         link = self._links.get(key)
         if link is None or not link.alive:
-            link = PeerLink(host, port, self.config, self.worker_id, self._register_request)
+            link = PeerLink(host, port, self.config, self.worker_id, self._register_request,
+                            self._staging_area(key))
             self._links[key] = link
         return link
 
-    def _register_request(self, peer_id: str) -> Any:
-        return pb().RegisterPeerRequest(
+    def _staging_area(self, key: str) -> StagingArea | None:
+        """The staging slots for prefill address `key` (created and registered once); caller holds self._lock."""
+        mooncake = self._receive_side.mooncake
+        if self._pool_views is None or mooncake is None:
+            return None
+        area = self._staging.get(key)
+        if area is None:
+            area = StagingArea(self.config.staging_slot_bytes, self.config.staging_slots, self._pool_views)
+            mooncake.register([area.region])
+            self._staging[key] = area
+        return area
+
+    def _register_request(self, peer_id: str, staging: StagingArea | None) -> Any:
+        m = pb()
+        offer = m.StagingOffer(base=staging.base, slot_bytes=staging.slot_bytes, num_slots=staging.num_slots) \
+            if staging is not None else None
+        return m.RegisterPeerRequest(
             peer_id=peer_id, worker=self.worker_id, layout=layout_to_msg(self.layout),
-            aux=aux_to_msg(self.aux), offer=offer_to_msg(self._receive_side.offer))
+            aux=aux_to_msg(self.aux), offer=offer_to_msg(self._receive_side.offer), staging=offer)
 
     def _release(self, receiver: KVReceiver) -> None:
         self._rooms.remove(receiver)

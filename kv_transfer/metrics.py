@@ -3,6 +3,7 @@
 `TransferMetrics` keeps plain thread-safe counters (read them with `snapshot()`); pass a
 prometheus_client registry to also publish them as
   splitserve_kv_transfer_bytes_total{role}
+  splitserve_kv_transfer_staged_bytes_total{role}         (the part of it written through staging slots)
   splitserve_kv_transfer_duration_seconds{role}          (histogram, first write to Success)
   splitserve_kv_transfer_failures_total{role,reason}
   splitserve_kv_transfer_rooms{role,state}               (gauge: rooms currently in each state)
@@ -24,6 +25,7 @@ class TransferMetrics:
         self.role = role
         self._lock = threading.Lock()
         self.bytes_total = 0
+        self.staged_bytes_total = 0
         self.transfers_total = 0
         self.duration_seconds_sum = 0.0
         self.failures: Counter[str] = Counter()
@@ -38,6 +40,9 @@ class TransferMetrics:
         self._prom = {
             "bytes": PCounter(f"{prefix}kv_transfer_bytes", "KV bytes written/received", ["role"],
                               registry=registry),
+            "staged": PCounter(f"{prefix}kv_transfer_staged_bytes", "KV bytes written through staging slots "
+                               "(scattered pages sent as one block and copied into place)", ["role"],
+                               registry=registry),
             "duration": Histogram(f"{prefix}kv_transfer_duration_seconds",
                                   "Room transfer time, first write to Success", ["role"],
                                   buckets=DURATION_BUCKETS, registry=registry),
@@ -56,6 +61,12 @@ class TransferMetrics:
             self.bytes_total += n
         if self._prom:
             self._prom["bytes"].labels(role=self.role).inc(n)
+
+    def add_staged_bytes(self, n: int) -> None:
+        with self._lock:
+            self.staged_bytes_total += n
+        if self._prom:
+            self._prom["staged"].labels(role=self.role).inc(n)
 
     def observe_transfer(self, seconds: float) -> None:
         with self._lock:
@@ -88,6 +99,7 @@ class TransferMetrics:
         with self._lock:
             return {
                 "bytes_total": self.bytes_total,
+                "staged_bytes_total": self.staged_bytes_total,
                 "transfers_total": self.transfers_total,
                 "duration_seconds_sum": self.duration_seconds_sum,
                 "failures": dict(self.failures),

@@ -25,14 +25,17 @@ from kv_transfer.wire import raise_if_error
 
 if TYPE_CHECKING:
     from kv_transfer.receiver import KVReceiver
+    from kv_transfer.staging import StagingArea
 
 log = logging.getLogger("kv_transfer")
 
 
 class PeerLink:
     def __init__(self, host: str, port: int, config: TransferConfig, worker: str,
-                 register_request: Callable[[str], Any]) -> None:
+                 register_request: Callable[[str, "StagingArea | None"], Any],
+                 staging: "StagingArea | None" = None) -> None:
         self.address = f"{host}:{port}"
+        self.staging = staging  # slots this prefill peer may stage scattered pages through
         self.peer_id = f"{worker}-{uuid.uuid4().hex[:12]}"
         self._config = config
         self._worker = worker
@@ -154,7 +157,7 @@ class PeerLink:
         # finish before the rooms' own Bootstrapping deadline, so they fail as peer_unreachable, not timeout
         deadline = time.monotonic() + self._config.bootstrap_timeout * 0.9
         delay = 0.1
-        request = self._register_request(self.peer_id)
+        request = self._register_request(self.peer_id, self.staging)
         while True:
             remaining = deadline - time.monotonic()
             timeout = max(0.1, min(self._config.rpc_timeout, remaining))
@@ -184,6 +187,8 @@ class PeerLink:
                     continue
                 with self._lock:
                     receiver = self._rooms.get(event.room)
+                if event.HasField("staged"):
+                    self._unstage(receiver, event.staged)
                 if receiver is not None:
                     receiver.on_event(event)
         except grpc.RpcError as exc:
@@ -191,6 +196,25 @@ class PeerLink:
         except ValueError:  # the channel was closed by die() meanwhile
             why = "link closed"
         self.die(FailureKind.PEER_DEAD, f"prefill {self.address}: {why}")
+
+    def _unstage(self, receiver: "KVReceiver | None", staged: Any) -> None:
+        """Copy a staged slot into its room's pages (in stream order: before that room's Success), then free
+        the slot on the prefill side, also when the room is gone or the copy was refused."""
+        slot = staged.slot
+        try:
+            if receiver is not None:
+                receiver.unstage(self.staging, staged.slot, staged.first, staged.count)
+        finally:
+            self._ops.put(lambda: self._staging_done(slot))
+
+    def _staging_done(self, slot: int) -> None:
+        reply = self._call("StagingDone", self._pb.StagingDoneRequest(peer_id=self.peer_id, slot=slot))
+        if reply is None:
+            return
+        try:
+            raise_if_error(reply, self.address)
+        except KVTransferError as exc:  # the prefill side lost track of its slots: nothing staged can be trusted
+            self.die(FailureKind.TRANSFER_IO, f"prefill {self.address} refused StagingDone: {exc.message}", exc)
 
     def _heartbeat(self) -> None:
         reply = self._call("Heartbeat", self._pb.HeartbeatRequest(peer_id=self.peer_id))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from kv_transfer.aux import AuxLayout, AuxStaging
 from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
+from kv_transfer.staging import StagingSlots
 from kv_transfer.state import RoomState
 from kv_transfer.transport import PeerWriter
 from kv_transfer.wire import pb, state_to_msg
@@ -48,7 +49,7 @@ class WriteQueue:
 
 class DecodePeer:
     def __init__(self, peer_id: str, worker: str, layout: KVLayout, aux: AuxLayout, writer: PeerWriter,
-                 aux_staging: AuxStaging, metrics: TransferMetrics) -> None:
+                 aux_staging: AuxStaging, metrics: TransferMetrics, staging: StagingSlots | None = None) -> None:
         self.peer_id = peer_id
         self.worker = worker
         self.layout = layout
@@ -56,6 +57,9 @@ class DecodePeer:
         self.writer = writer
         self.aux_staging = aux_staging
         self.metrics = metrics
+        self.staging = staging  # the peer's staging slots, when scattered pages are staged
+        if staging is not None:
+            writer.register_source(staging.local_region)
         self.events: "queue.Queue[Any]" = queue.Queue()
         self.last_seen = time.monotonic()
         self.alive = True
@@ -64,15 +68,21 @@ class DecodePeer:
     def touch(self) -> None:
         self.last_seen = time.monotonic()
 
-    def publish(self, room: int, state: RoomState, *, kind: str = "", reason: str = "", pages_done: int = 0) -> None:
-        self.events.put(pb().RoomEvent(room=room, state=state_to_msg(state), failure_kind=kind,
-                                       reason=reason, pages_done=pages_done))
+    def publish(self, room: int, state: RoomState, *, kind: str = "", reason: str = "", pages_done: int = 0,
+                staged: tuple[int, int, int] | None = None) -> None:
+        m = pb()
+        self.events.put(m.RoomEvent(room=room, state=state_to_msg(state), failure_kind=kind, reason=reason,
+                                    pages_done=pages_done,
+                                    staged=m.StagedPages(slot=staged[0], first=staged[1], count=staged[2])
+                                    if staged else None))
 
     def close(self) -> None:
         """Mark dead and stop the writer thread once its queue drains (rooms already failed skip)."""
         if not self.alive:
             return
         self.alive = False
+        if self.staging is not None:
+            self.staging.close()  # wakes a writer waiting for a slot
         self.events.put(None)  # wakes the Subscribe stream so it ends
         # Unmapping while a write runs would crash, so the writer closes on its own thread.
         self.writes.submit(self.writer.close)

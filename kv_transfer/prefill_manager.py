@@ -21,6 +21,7 @@ from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
 from kv_transfer.rooms import RoomTable
 from kv_transfer.sender import KVSender
+from kv_transfer.staging import PageViews, StagingSlots
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
 from kv_transfer.transport.select import SendSide
@@ -38,6 +39,7 @@ class PrefillTransferManager:
         self.worker_id = worker_id
         self.metrics = metrics or TransferMetrics("prefill")
         self._aux_staging = AuxStaging(config.aux_staging_slots)
+        self._source_views: PageViews | None = None  # this pool as numpy rows, for staged writes
         self._send_side = SendSide(config, layout.regions() + [self._aux_staging.region])
         self._rooms: RoomTable[KVSender] = RoomTable(self.metrics)
         self._lock = threading.Lock()  # guards _peers and _closed
@@ -88,7 +90,7 @@ class PrefillTransferManager:
         self.layout.check_compatible(remote, peer=req.worker)
         writer = self._send_side.writer_for(offer_from_msg(req.offer), req.worker)
         peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
-                          self._aux_staging, self.metrics)
+                          self._aux_staging, self.metrics, self._staging_for(req, writer.transport))
         with self._lock:
             old = self._peers.pop(req.peer_id, None)
             self._peers[req.peer_id] = peer
@@ -97,6 +99,12 @@ class PrefillTransferManager:
         log.info("decode peer registered peer=%s transport=%s", req.worker, writer.transport,
                  extra={"worker": self.worker_id, "peer": req.worker})
         return writer.transport
+
+    def staging_done(self, peer_id: str, slot: int) -> None:
+        peer = self.peer(peer_id)
+        if peer.staging is None:
+            raise PageIndexError(f"decode peer {peer.worker} freed staging slot {slot}, but nothing is staged to it")
+        peer.staging.release(slot)
 
     def peer(self, peer_id: str) -> DecodePeer:
         with self._lock:
@@ -138,6 +146,20 @@ class PrefillTransferManager:
         self._drop_peer(peer, why)
 
     # --- internals --------------------------------------------------------------------------------
+    def _staging_for(self, req: Any, transport: str) -> StagingSlots | None:
+        """Stage scattered pages to this peer when it offers slots, both sides allow it and the writer is
+        Mooncake (shm and fake copy directly, where a bounce only costs)."""
+        offer = req.staging if req.HasField("staging") else None
+        if offer is None or not offer.num_slots or not self.config.staging_slot_bytes or transport != "mooncake":
+            return None
+        if self._source_views is None:
+            self._source_views = PageViews(self.layout)
+        if offer.slot_bytes < self._source_views.bytes_per_page:
+            log.warning("decode peer's staging slots are smaller than one page over all layers; writing pages "
+                        "directly peer=%s", req.worker, extra={"worker": self.worker_id, "peer": req.worker})
+            return None
+        return StagingSlots(offer.base, offer.slot_bytes, offer.num_slots, self._source_views)
+
     def _new_room(self, room: int) -> KVSender:
         """Create and table a room; the caller holds self._rooms.lock."""
         sender = KVSender(room, self.config, self.layout, self._on_change, self._rooms.remove)

@@ -22,6 +22,7 @@ from kv_transfer.wire import state_from_msg
 
 if TYPE_CHECKING:
     from kv_transfer.peer_link import PeerLink
+    from kv_transfer.staging import StagingArea
 
 log = logging.getLogger("kv_transfer")
 
@@ -48,8 +49,15 @@ class KVReceiver(RoomHandle):
         self.opened = False  # OpenRoom was sent, so the prefill side may know the room
         self.started: float | None = None
         self._tell_peer = True
+        self._unstaging = threading.Lock()  # held while staged pages are copied into dst_pages
 
-    # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
+    # --- caller API (state, failure, failure_reason, release: see RoomHandle) -----------------------
+    def poll(self) -> RoomState:
+        """Current state. Waits only for a staged copy into this room's pages that is under way (milliseconds),
+        so once it says Failed no copy can still land in pages the worker is about to free."""
+        with self._unstaging:
+            return self._tracker.state
+
     def init(self, dst_pages: Sequence[int], aux_slot: int, held_prefix_tokens: int = 0) -> None:
         """Ask the prefill side to fill `dst_pages` (prompt order, after the held prefix's pages).
 
@@ -103,6 +111,24 @@ class KVReceiver(RoomHandle):
             self._tracker.progress()
         elif state == RoomState.WAITING_FOR_INPUT:
             self._tracker.advance(RoomState.WAITING_FOR_INPUT)
+
+    def unstage(self, area: "StagingArea | None", slot: int, first: int, count: int) -> None:
+        """Copy staged slot `slot` into dst_pages[first:first + count]; a bad announcement fails the room."""
+        with self._unstaging:
+            if self._tracker.state.terminal:
+                return
+            dst = self.dst_pages
+            if area is None or dst is None or count < 1 or first + count > len(dst):
+                self._tracker.fail(FailureKind.TRANSFER_IO, f"prefill staged pages [{first}, {first + count}) into "
+                                                            f"slot {slot}, which do not fit this room's "
+                                                            f"{len(dst or ())} pages or staging slots")
+                return
+            try:
+                area.unstage(slot, dst[first:first + count])
+            except PageIndexError as exc:
+                self._tracker.fail(FailureKind.TRANSFER_IO, f"bad staged write: {exc.message}", exc)
+                return
+            self._tracker.progress()
 
     def _finish(self, pages_done: int) -> None:
         assert self.dst_pages is not None and self.aux_slot is not None

@@ -24,6 +24,7 @@ from kv_transfer.state import FailureKind, RoomState
 
 if TYPE_CHECKING:
     from kv_transfer.peers import DecodePeer
+    from kv_transfer.staging import StagingSlots
 
 log = logging.getLogger("kv_transfer")
 
@@ -32,6 +33,7 @@ log = logging.getLogger("kv_transfer")
 class Chunk:
     src_pages: tuple[int, ...]
     dst_pages: tuple[int, ...]
+    first: int  # index of dst_pages[0] in the room's dst_pages
     last: bool
     aux: AuxRecord | None
 
@@ -90,7 +92,7 @@ class KVSender(RoomHandle):
                 if RECORD_SIZE + len(aux.payload) > room_bytes:
                     raise PageIndexError(f"room {self.room}: aux payload of {len(aux.payload)} bytes does not fit "
                                          f"the decode side's {room_bytes}-byte aux records", room=self.room)
-            chunk = Chunk(src, self.dst_pages[self.pages_queued:end], last, aux)
+            chunk = Chunk(src, self.dst_pages[self.pages_queued:end], self.pages_queued, last, aux)
             self.pages_queued = end
             self._last_queued = last
             if self.started is None:
@@ -134,25 +136,80 @@ class KVSender(RoomHandle):
 
     def _do_write(self, peer: "DecodePeer", chunk: Chunk) -> None:
         entries = write_entries(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
-        for batch in split_batches(entries, self._config.max_batch_entries):
+        staging = peer.staging
+        if staging is not None and staging.worth_it(entries):
+            self._write_staged(peer, staging, chunk)
+            if self._tracker.state.terminal or not chunk.last:
+                return
+        else:
+            for batch in split_batches(entries, self._config.max_batch_entries):
+                if self._tracker.state.terminal:
+                    return  # aborted or timed out: stop writing
+                peer.writer.write(batch)
+                peer.metrics.add_bytes(sum(e[2] for e in batch))
             if self._tracker.state.terminal:
-                return  # aborted or timed out: stop writing
-            peer.writer.write(batch)
-            peer.metrics.add_bytes(sum(e[2] for e in batch))
-        if self._tracker.state.terminal:
-            return
-        self.pages_done += len(chunk.src_pages)
-        self._tracker.progress()
+                return
+            self.pages_done += len(chunk.src_pages)
+            self._tracker.progress()
         if not chunk.last:
             peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done)
             return
         assert chunk.aux is not None
-        staging = peer.aux_staging
-        slot = staging.acquire(chunk.aux, self._config.rpc_timeout)
+        aux_staging = peer.aux_staging
+        slot = aux_staging.acquire(chunk.aux, self._config.rpc_timeout)
         try:
             dst = peer.aux.slot_address(self.aux_slot, room=self.room)
-            peer.writer.write([(staging.address(slot), dst, RECORD_SIZE + len(chunk.aux.payload))])
+            peer.writer.write([(aux_staging.address(slot), dst, RECORD_SIZE + len(chunk.aux.payload))])
         finally:
-            staging.release(slot)
+            aux_staging.release(slot)
         if self._tracker.advance(RoomState.SUCCESS) and self.started is not None:
             peer.metrics.observe_transfer(time.monotonic() - self.started)
+
+    def _write_staged(self, peer: "DecodePeer", staging: "StagingSlots", chunk: Chunk) -> None:
+        """Write the chunk a slot at a time: gather locally, one entry into a free slot of the peer, announce it
+        once written (the decode side copies it into place and frees the slot; see kv_transfer.staging). The
+        next slot is gathered while the previous one is on the wire."""
+        per_slot = staging.pages_per_slot
+        pending: tuple[Callable[[], None], int, int, int, int] | None = None
+        try:
+            for k, i in enumerate(range(0, len(chunk.src_pages), per_slot)):
+                src = chunk.src_pages[i:i + per_slot]
+                slot = staging.acquire(0.0, lambda: False) if pending is not None else None
+                if slot is None:
+                    if pending is not None:  # the peer may be waiting to hear of it before it frees anything
+                        self._finish_staged(peer, staging, *pending)
+                        pending = None
+                    slot = staging.acquire(self._config.transfer_timeout, lambda: self._tracker.state.terminal)
+                if slot is None:
+                    if staging.closed:
+                        self._tracker.fail(FailureKind.PEER_DEAD, f"decode peer {peer.worker} went away mid-transfer")
+                    else:  # (a no-op when the room already ended)
+                        self._tracker.fail(FailureKind.TIMEOUT, f"decode peer {peer.worker} freed no staging slot "
+                                                                f"in {self._config.transfer_timeout:g}s")
+                    return
+                try:
+                    address, nbytes = staging.gather(src, buffer=k % 2)
+                    wait = peer.writer.start_write([(address, staging.remote_address(slot), nbytes)])
+                except BaseException:
+                    staging.release(slot)  # the decode side never hears of this slot
+                    raise
+                if pending is not None:
+                    self._finish_staged(peer, staging, *pending)
+                pending = (wait, slot, chunk.first + i, len(src), nbytes)
+        finally:
+            if pending is not None:
+                self._finish_staged(peer, staging, *pending)
+
+    def _finish_staged(self, peer: "DecodePeer", staging: "StagingSlots", wait: Callable[[], None], slot: int,
+                       first: int, count: int, nbytes: int) -> None:
+        try:
+            wait()
+        except BaseException:
+            staging.release(slot)
+            raise
+        peer.metrics.add_bytes(nbytes)
+        peer.metrics.add_staged_bytes(nbytes)
+        self.pages_done += count
+        self._tracker.progress()
+        # Announced even if the room ended meanwhile: the decode side must hear of the slot to free it.
+        peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done, staged=(slot, first, count))

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any, Callable
 
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import ConfigError, TransferIOError
@@ -44,7 +45,7 @@ class MooncakeEngine:
                 f"cannot import mooncake ({exc}); install mooncake-transfer-engine-non-cuda (CPU) or "
                 "mooncake-transfer-engine (CUDA) and the Debian package libibverbs1"
             ) from exc
-        self._engine = TransferEngine()
+        self._engine: Any = TransferEngine()
         host = config.resolved_hostname()
         rc = self._engine.initialize(host, config.metadata_server, config.protocol, config.device_name)
         if rc != 0:
@@ -57,6 +58,8 @@ class MooncakeEngine:
 
     def register(self, regions: list[tuple[int, int]]) -> None:
         with self._lock:
+            if self._engine is None:
+                raise ConfigError("the Mooncake engine was shut down")
             for addr, length in regions:
                 if (addr, length) in self._registered:
                     continue
@@ -65,7 +68,42 @@ class MooncakeEngine:
                     raise ConfigError(f"Mooncake register_memory({addr:#x}, {length}) returned {rc}")
                 self._registered.add((addr, length))
 
+    def unregister(self, region: tuple[int, int]) -> None:
+        with self._lock:
+            if region not in self._registered or self._engine is None:
+                return
+            self._registered.discard(region)
+            rc = self._engine.unregister_memory(region[0])
+        if rc != 0:
+            log.warning("Mooncake unregister_memory(%#x) returned %d", region[0], rc)
+
+    def shutdown(self) -> None:
+        """Drop the engine (its threads and ports go with it); later calls fail with ConfigError."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            self._registered.clear()
+        del engine
+
+    def start_write(self, session: str, entries: list[Entry]) -> Callable[[], None]:
+        """Submit without waiting; the returned function waits (bounded by Mooncake's transfer timeout)."""
+        if self._engine is None:
+            raise ConfigError("the Mooncake engine was shut down")
+        engine = self._engine
+        batch = engine.batch_transfer_async_write(session, [e[0] for e in entries], [e[1] for e in entries],
+                                                  [e[2] for e in entries])
+        if batch == 0:
+            raise TransferIOError(f"Mooncake could not submit a write of {len(entries)} entries", rc=-1,
+                                  peer=session)
+
+        def wait() -> None:
+            rc = engine.get_batch_transfer_status([batch])  # waits, then frees the batch
+            if rc != 0:
+                raise TransferIOError(f"Mooncake write of {len(entries)} entries failed", rc=rc, peer=session)
+        return wait
+
     def write(self, session: str, entries: list[Entry]) -> None:
+        if self._engine is None:
+            raise ConfigError("the Mooncake engine was shut down")
         srcs = [e[0] for e in entries]
         dsts = [e[1] for e in entries]
         lens = [e[2] for e in entries]
@@ -81,12 +119,26 @@ class MooncakeEngine:
 class MooncakeWriter:
     transport = "mooncake"
 
-    def __init__(self, engine: MooncakeEngine, peer_session: str) -> None:
+    def __init__(self, engine: MooncakeEngine, peer_session: str, *, owns_engine: bool = False) -> None:
         self._engine = engine
         self.peer_session = peer_session
+        self._owns_engine = owns_engine
+        self._sources: list[tuple[int, int]] = []
+
+    def register_source(self, region: tuple[int, int]) -> None:
+        self._engine.register([region])
+        self._sources.append(region)
 
     def write(self, entries: list[Entry]) -> None:
         self._engine.write(self.peer_session, entries)
 
+    def start_write(self, entries: list[Entry]) -> Callable[[], None]:
+        return self._engine.start_write(self.peer_session, entries)
+
     def close(self) -> None:
-        pass
+        """Runs on the peer's writer thread after its last write, so nothing is in flight."""
+        for region in self._sources:
+            self._engine.unregister(region)
+        self._sources.clear()
+        if self._owns_engine:
+            self._engine.shutdown()

@@ -8,7 +8,6 @@ sharing /dev/shm) and falls back to mooncake; `fake` works only inside one proce
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 
 from kv_transfer.config import TransferConfig
@@ -65,21 +64,17 @@ class ReceiveSide:
 
 
 class SendSide:
-    """Prefill side: `writer_for(offer)`; the Mooncake engine starts on first need."""
+    """Prefill side: `writer_for(offer)`. Each Mooncake peer gets its own engine: inside one engine, a write
+    stuck on a frozen peer could stall writes to the others for seconds (seen here with Mooncake 0.3.13)."""
 
     def __init__(self, config: TransferConfig, source_regions: list[tuple[int, int]]) -> None:
         self._config = config
         self._sources = source_regions
-        self._mooncake: MooncakeEngine | None = None
-        self._lock = threading.Lock()
 
     def _engine(self) -> MooncakeEngine:
-        with self._lock:
-            if self._mooncake is None:
-                engine = MooncakeEngine(self._config)
-                engine.register(self._sources)
-                self._mooncake = engine
-            return self._mooncake
+        engine = MooncakeEngine(self._config)
+        engine.register(self._sources)
+        return engine
 
     def writer_for(self, offer: Offer, peer: str) -> PeerWriter:
         backend = self._config.backend
@@ -97,7 +92,7 @@ class SendSide:
                                                  "shm works only on one host", peer=peer) from exc
                 log.info("peer shm not mappable here, using mooncake peer=%s", peer)
         if backend in ("mooncake", "auto") and offer.mooncake_session:
-            return MooncakeWriter(self._engine(), offer.mooncake_session)
+            return MooncakeWriter(self._engine(), offer.mooncake_session, owns_engine=True)
         raise TransportMismatchError(
             f"no common transport with peer {peer}: this side is --transfer-backend {backend}, the peer "
             f"offers {_describe(offer)}", peer=peer)
