@@ -10,6 +10,7 @@ batch 64, and prefix reuse (TTFT with the radix cache vs --disable-radix-cache o
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from pathlib import Path
@@ -161,6 +162,25 @@ def count_params(path: Path) -> tuple[int | None, int | None]:
     return total, total - embed if lm_head else total  # tied: the embedding is also the output matmul
 
 
+def kv_token_bytes(path: Path, dtype: str) -> int:
+    """Bytes of K and V one token keeps in the cache, over all layers."""
+    cfg = json.loads((path / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return cfg["num_hidden_layers"] * 2 * cfg.get("num_key_value_heads", heads) * head_dim * DTYPES[dtype].itemsize
+
+
+def decode_floor_with_kv(floors: dict[str, float], dtype: str, matmul_params: int | None, token_bytes: int,
+                         batch: int, context: float) -> dict[str, float]:
+    """A decode floor that also counts reading every cached token's K and V once per step at this run's memory
+    bandwidth (the copy rate): at batch 64 and ~576 tokens of context that read is most of a 150M model's step."""
+    if not matmul_params:
+        return {}
+    gflops = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m64"]
+    step = batch * 2 * matmul_params / (gflops * 1e9) + batch * context * token_bytes / (floors["copy_gbps"] * 1e9)
+    return {"decode_floor_with_kv_tok_s": batch / step}
+
+
 def token_floors(floors: dict[str, float], dtype: str, matmul_params: int | None) -> dict[str, float]:
     """Compute floors in tokens/s from this run's matmul throughput: 2 flops per matmul parameter per token
     (attention's own flops are left out, so these are upper bounds on what the weights allow). Decode uses
@@ -201,7 +221,9 @@ def main() -> None:
             peak = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m512"]
             job_flops = 2 * (params or 0) * args.num_requests * (args.prompt_len + args.output_len)
             base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9,
-                    **token_floors(floors, dtype, matmul_params)}
+                    **token_floors(floors, dtype, matmul_params),
+                    **decode_floor_with_kv(floors, dtype, matmul_params, kv_token_bytes(path, dtype),
+                                           args.num_requests, args.prompt_len + args.output_len / 2)}
             ours = run_ours(path, dtype, args.threads, prompts, args.output_len)
             rows.append({**base, "system": "splitserve", **ours})
             print(f"{name} {dtype} splitserve: {ours}")
@@ -215,7 +237,7 @@ def main() -> None:
                 print(rows[-1])
     print(table(rows, ["model", "dtype", "system", "wall_s", "output_tok_s", "prefill_tok_s",
                        "decode_tok_s_at_full_batch", "decode_overhead_ms_at_full_batch", "job_floor_s",
-                       "prefill_floor_tok_s", "decode_floor_tok_s"]))
+                       "prefill_floor_tok_s", "decode_floor_tok_s", "decode_floor_with_kv_tok_s"]))
     prefix = None if args.skip_prefix_reuse else prefix_reuse(args.threads)
     if prefix:
         print(f"prefix reuse TTFT: radix {prefix['radix'] * 1e3:.1f} ms, no radix {prefix['no_radix'] * 1e3:.1f} ms, "

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from kv_transfer.aux import AuxLayout, AuxStaging
 from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
+from kv_transfer.page_views import PageViews
 from kv_transfer.staging import StagingSlots
 from kv_transfer.state import RoomState
 from kv_transfer.transport import PeerWriter
@@ -49,7 +50,8 @@ class WriteQueue:
 
 class DecodePeer:
     def __init__(self, peer_id: str, worker: str, layout: KVLayout, aux: AuxLayout, writer: PeerWriter,
-                 aux_staging: AuxStaging, metrics: TransferMetrics, staging: StagingSlots | None = None) -> None:
+                 aux_staging: AuxStaging, metrics: TransferMetrics, staging: StagingSlots | None = None,
+                 mapped: tuple[PageViews, PageViews] | None = None) -> None:
         self.peer_id = peer_id
         self.worker = worker
         self.layout = layout
@@ -58,6 +60,7 @@ class DecodePeer:
         self.aux_staging = aux_staging
         self.metrics = metrics
         self.staging = staging  # the peer's staging slots, when scattered pages are staged
+        self.mapped = mapped  # (our pool, the peer's pool mapped here) when pages can be copied directly (shm)
         if staging is not None:
             writer.register_source(staging.local_region)
         self.events: "queue.Queue[Any]" = queue.Queue()

@@ -21,7 +21,9 @@ from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
 from kv_transfer.rooms import RoomTable
 from kv_transfer.sender import KVSender
-from kv_transfer.staging import PageViews, StagingSlots
+from kv_transfer.page_views import PageViews
+from kv_transfer.staging import StagingSlots
+from kv_transfer.transport.shm import ShmWriter
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
 from kv_transfer.transport.select import SendSide
@@ -39,7 +41,7 @@ class PrefillTransferManager:
         self.worker_id = worker_id
         self.metrics = metrics or TransferMetrics("prefill")
         self._aux_staging = AuxStaging(config.aux_staging_slots)
-        self._source_views: PageViews | None = None  # this pool as numpy rows, for staged writes
+        self._source_views: PageViews | None = None  # this pool as numpy views, for staged and shm copies
         self._send_side = SendSide(config, layout.regions() + [self._aux_staging.region])
         self._rooms: RoomTable[KVSender] = RoomTable(self.metrics)
         self._lock = threading.Lock()  # guards _peers and _closed
@@ -89,8 +91,9 @@ class PrefillTransferManager:
         remote = layout_from_msg(req.layout)
         self.layout.check_compatible(remote, peer=req.worker)
         writer = self._send_side.writer_for(offer_from_msg(req.offer), req.worker)
+        mapped = (self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
         peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
-                          self._aux_staging, self.metrics, self._staging_for(req, writer.transport))
+                          self._aux_staging, self.metrics, self._staging_for(req, writer.transport), mapped)
         with self._lock:
             old = self._peers.pop(req.peer_id, None)
             self._peers[req.peer_id] = peer
@@ -152,13 +155,17 @@ class PrefillTransferManager:
         offer = req.staging if req.HasField("staging") else None
         if offer is None or not offer.num_slots or not self.config.staging_slot_bytes or transport != "mooncake":
             return None
-        if self._source_views is None:
-            self._source_views = PageViews(self.layout)
-        if offer.slot_bytes < self._source_views.bytes_per_page:
+        source = self._views()
+        if offer.slot_bytes < source.bytes_per_page:
             log.warning("decode peer's staging slots are smaller than one page over all layers; writing pages "
                         "directly peer=%s", req.worker, extra={"worker": self.worker_id, "peer": req.worker})
             return None
-        return StagingSlots(offer.base, offer.slot_bytes, offer.num_slots, self._source_views)
+        return StagingSlots(offer.base, offer.slot_bytes, offer.num_slots, source)
+
+    def _views(self) -> PageViews:
+        if self._source_views is None:
+            self._source_views = PageViews(self.layout)
+        return self._source_views
 
     def _new_room(self, room: int) -> KVSender:
         """Create and table a room; the caller holds self._rooms.lock."""

@@ -19,6 +19,7 @@ from kv_transfer.aux import AuxRecord, RECORD_SIZE
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
 from kv_transfer.layout import KVLayout, split_batches, write_entries
+from kv_transfer.page_views import copy_pages
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
 
@@ -135,25 +136,35 @@ class KVSender(RoomHandle):
             self._tracker.fail(FailureKind.TRANSFER_IO, f"unexpected {type(exc).__name__}: {exc}", exc)
 
     def _do_write(self, peer: "DecodePeer", chunk: Chunk) -> None:
-        entries = write_entries(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
-        staging = peer.staging
-        if staging is not None and staging.worth_it(entries):
-            self._write_staged(peer, staging, chunk)
-            if self._tracker.state.terminal or not chunk.last:
-                return
-        else:
-            for batch in split_batches(entries, self._config.max_batch_entries):
-                if self._tracker.state.terminal:
-                    return  # aborted or timed out: stop writing
-                peer.writer.write(batch)
-                peer.metrics.add_bytes(sum(e[2] for e in batch))
+        staged = False
+        if peer.mapped is not None:  # shm: the peer's pool is mapped here, copy page runs straight into it
             if self._tracker.state.terminal:
                 return
+            peer.metrics.add_bytes(copy_pages(*peer.mapped, chunk.src_pages, chunk.dst_pages))
+        else:
+            entries = write_entries(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
+            staging = peer.staging
+            staged = staging is not None and staging.worth_it(entries)
+            if staging is not None and staged:
+                self._write_staged(peer, staging, chunk)  # counts and announces each slot itself
+            else:
+                for batch in split_batches(entries, self._config.max_batch_entries):
+                    if self._tracker.state.terminal:
+                        return  # aborted or timed out: stop writing
+                    peer.writer.write(batch)
+                    peer.metrics.add_bytes(sum(e[2] for e in batch))
+        if self._tracker.state.terminal:
+            return
+        if not staged:
             self.pages_done += len(chunk.src_pages)
             self._tracker.progress()
-        if not chunk.last:
-            peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done)
-            return
+            if not chunk.last:
+                peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done)
+        if chunk.last:
+            self._write_aux(peer, chunk)
+
+    def _write_aux(self, peer: "DecodePeer", chunk: Chunk) -> None:
+        """The last chunk's aux record, then Success (reported to the decode side by the manager)."""
         assert chunk.aux is not None
         aux_staging = peer.aux_staging
         slot = aux_staging.acquire(chunk.aux, self._config.rpc_timeout)

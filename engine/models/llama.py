@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.config import ArchConfig
-from engine.models.rope import RotaryEmbedding
+from engine.models.rope import RotaryEmbedding, rotate
 
 if TYPE_CHECKING:
     from engine.runner.attention.base import AttentionBackend
@@ -41,16 +41,19 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+            q, k = qkv[:, :self.q_size], qkv[:, self.q_size:self.q_size + self.kv_size]
+            q = rotate(self.q_norm(q.view(t, self.num_heads, self.head_dim)), *rope)
+            k = rotate(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), *rope)
+        else:  # q and k sit side by side in the projection: one rotation covers both
+            qk = rotate(qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads,
+                                                                  self.head_dim), *rope)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         out = backend.forward(self.layer_id, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -63,7 +66,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -74,10 +77,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend)
+        return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
 class CausalLM(nn.Module):
@@ -100,7 +103,8 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        rope = self.rope.table(positions, h.dtype)  # once per forward, shared by every layer
         for layer in self.layers:
-            h = layer(h, positions, self.rope, backend)
+            h = layer(h, rope, backend)
         h = self.norm(h[logit_rows])
         return F.linear(h, self.lm_head_weight).float()

@@ -30,7 +30,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Holds a cos/sin table (float32, grown on demand) and rotates q and k in place of HF's apply_rotary_pos_emb."""
+    """Holds the cos/sin table (float32, grown on demand); `rotate` applies it in place of HF's apply_rotary_pos_emb."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
         super().__init__()
@@ -45,16 +45,15 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos, self._sin = emb.cos(), emb.sin()
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D], positions: [T] -> rotated (q, k) in q's dtype."""
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D] for `positions` [T], in `dtype`: looked up once per forward, used by every layer."""
         if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
             self._grow(max(int(positions.max()) + 1, 2 * self._cos.shape[0]))
-        cos = self._cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self._sin[positions].to(q.dtype).unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self._cos[positions].to(dtype).unsqueeze(1), self._sin[positions].to(dtype).unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [T, heads, D] with cos/sin [T, 1, D] (a new tensor; x is left alone)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
+    return (x * cos).add_(rotated)  # x * cos + rotate_half(x) * sin, rounded as HF rounds it

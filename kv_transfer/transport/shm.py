@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import bisect
-from typing import Callable
 import ctypes
+import dataclasses
+from typing import Callable
 
 from kv_transfer.errors import TransferIOError
+from kv_transfer.layout import KVLayout
+from kv_transfer.page_views import PageViews
 from kv_transfer.shm import SharedSegment
 from kv_transfer.transport import Entry
 
@@ -35,6 +38,14 @@ class ShmWriter:
             if dst + length <= base + size:
                 return seg.address + (dst - base)
         raise TransferIOError(f"destination {dst:#x}+{length} is outside the peer's shared segments", rc=-1)
+
+    def map_pool(self, layout: KVLayout) -> PageViews:
+        """The peer's KV pool as numpy views of this process's mappings (TransferIOError if outside them), so
+        whole page runs can be copied without building one entry per page and buffer."""
+        span = (layout.num_pages - 1) * layout.stride + layout.page_bytes
+        local = dataclasses.replace(layout, k_base=tuple(self._local(a, span) for a in layout.k_base),
+                                    v_base=tuple(self._local(a, span) for a in layout.v_base))
+        return PageViews(local)
 
     def write(self, entries: list[Entry]) -> None:
         targets = [self._local(dst, length) for _, dst, length in entries]  # check all before writing

@@ -40,19 +40,14 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = ((uint32_t)h) << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static inline uint16_t f32_to_bf16(float v) {
     uint32_t bits;
     memcpy(&bits, &v, 4);
     bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
+
+typedef uint32_t __attribute__((may_alias)) u32_alias;
 
 /* Copy n rows of head_dim elements (row stride `stride` elements) to a dense float buffer. */
 static inline __attribute__((always_inline)) void rows_to_f32(const void *base, int64_t off, int64_t stride,
@@ -62,10 +57,11 @@ static inline __attribute__((always_inline)) void rows_to_f32(const void *base, 
         float *d = dst + (int64_t)r * head_dim;
         if (dtype == 0) {
             memcpy(d, (const float *)base + o, (size_t)head_dim * sizeof(float));
-        } else if (dtype == 1) {
+        } else if (dtype == 1) { /* bfloat16 is the top half of a float32: a widening shift, vectorized */
             const uint16_t *s = (const uint16_t *)base + o;
+            u32_alias *d32 = (u32_alias *)d;
 #pragma omp simd
-            for (int i = 0; i < head_dim; i++) d[i] = bf16_to_f32(s[i]);
+            for (int i = 0; i < head_dim; i++) d32[i] = (uint32_t)s[i] << 16;
         } else {
             const _Float16 *s = (const _Float16 *)base + o;
 #pragma omp simd
