@@ -14,6 +14,9 @@ from typing import Any
 from kv_transfer.errors import ConfigError
 
 BACKENDS = ("auto", "mooncake", "shm", "fake")
+# The largest staging offer either side makes or accepts (a prefill worker allocates two slot-sized buffers).
+MAX_STAGING_SLOT_BYTES = 1 << 30
+MAX_STAGING_SLOTS = 64
 
 
 def _opt(default: Any, help_text: str, **extra: Any) -> Any:
@@ -58,8 +61,9 @@ class TransferConfig:
             raise ConfigError("--transfer-max-batch-entries must be in [1, 1024] (Mooncake's batch limit)")
         if self.aux_staging_slots < 1:
             raise ConfigError("--transfer-aux-staging-slots must be >= 1")
-        if self.staging_slot_bytes < 0 or self.staging_slots < 1:
-            raise ConfigError("--transfer-staging-slot-bytes must be >= 0 (0 = off) and --transfer-staging-slots >= 1")
+        if not 0 <= self.staging_slot_bytes <= MAX_STAGING_SLOT_BYTES or not 1 <= self.staging_slots <= MAX_STAGING_SLOTS:
+            raise ConfigError(f"--transfer-staging-slot-bytes must be in [0, {MAX_STAGING_SLOT_BYTES}] (0 = off) and "
+                              f"--transfer-staging-slots in [1, {MAX_STAGING_SLOTS}]")
 
     def deadline_for(self, state_name: str) -> float:
         return {

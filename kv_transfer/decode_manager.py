@@ -41,9 +41,10 @@ class DecodeTransferManager:
         self._lock = threading.Lock()  # guards _links and _closed; taken inside _rooms.lock, never around it
         self._links: dict[str, PeerLink] = {}
         self._closed = False
-        # Staging slots per prefill address (kept for the manager's life: registered memory is never freed
-        # while a peer could still write into it); only Mooncake peers stage.
-        self._staging: dict[str, StagingArea] = {}
+        # Staging slots, one area per link (only Mooncake peers stage). An area is never freed, since Mooncake's
+        # TCP server writes wherever a peer says; a dead link's area is reused by a later link only after a
+        # cool-down, so a write the old prefill-side writer still had on the wire cannot land in a new link's slot.
+        self._spare_staging: list[tuple[float, StagingArea]] = []
         self._pool_views: PageViews | None = None
         if config.staging_slot_bytes and self._receive_side.mooncake is not None:
             self._pool_views = PageViews(layout)
@@ -111,22 +112,31 @@ class DecodeTransferManager:
         key = f"{host}:{port}"
         link = self._links.get(key)
         if link is None or not link.alive:
-            link = PeerLink(host, port, self.config, self.worker_id, self._register_request,
-                            self._staging_area(key))
+            if link is not None:
+                self._retire_staging(link)
+            link = PeerLink(host, port, self.config, self.worker_id, self._register_request, self._staging_area())
             self._links[key] = link
         return link
 
-    def _staging_area(self, key: str) -> StagingArea | None:
-        """The staging slots for prefill address `key` (created and registered once); caller holds self._lock."""
+    def _staging_area(self) -> StagingArea | None:
+        """Slots for a new link: a spare area past its cool-down, or a new one; caller holds self._lock."""
         mooncake = self._receive_side.mooncake
         if self._pool_views is None or mooncake is None:
             return None
-        area = self._staging.get(key)
-        if area is None:
-            area = StagingArea(self.config.staging_slot_bytes, self.config.staging_slots, self._pool_views)
-            mooncake.register([area.region])
-            self._staging[key] = area
+        cool = time.monotonic() - (self.config.transfer_timeout + self.config.heartbeat_timeout)
+        for i, (retired_at, area) in enumerate(self._spare_staging):
+            if retired_at < cool:
+                del self._spare_staging[i]
+                return area
+        area = StagingArea(self.config.staging_slot_bytes, self.config.staging_slots, self._pool_views)
+        mooncake.register([area.region])
         return area
+
+    def _retire_staging(self, link: PeerLink) -> None:
+        """A dead link's slots become spare (reused after the cool-down); caller holds self._lock."""
+        if link.staging is not None:
+            self._spare_staging.append((time.monotonic(), link.staging))
+            link.staging = None
 
     def _register_request(self, peer_id: str, staging: StagingArea | None) -> Any:
         m = pb()
@@ -156,7 +166,7 @@ class DecodeTransferManager:
         with self._lock:
             links = list(self._links.values())
             for key in [k for k, link in self._links.items() if not link.alive]:
-                del self._links[key]
+                self._retire_staging(self._links.pop(key))
         for link in links:
             link.check_silence(now)
         self._rooms.check(now, self.config.room_linger)

@@ -12,7 +12,7 @@ from typing import Any
 
 from kv_transfer.aux import AuxStaging
 from kv_transfer.bootstrap_server import start_bootstrap_server
-from kv_transfer.config import TransferConfig
+from kv_transfer.config import MAX_STAGING_SLOT_BYTES, MAX_STAGING_SLOTS, TransferConfig
 from kv_transfer.errors import (
     DuplicateRoomError, InvalidRoomError, PageIndexError, UnknownPeerError, UnknownRoomError,
 )
@@ -91,9 +91,13 @@ class PrefillTransferManager:
         remote = layout_from_msg(req.layout)
         self.layout.check_compatible(remote, peer=req.worker)
         writer = self._send_side.writer_for(offer_from_msg(req.offer), req.worker)
-        mapped = (self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
-        peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
-                          self._aux_staging, self.metrics, self._staging_for(req, writer.transport), mapped)
+        try:
+            mapped = (self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
+            peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
+                              self._aux_staging, self.metrics, self._staging_for(req, writer.transport), mapped)
+        except BaseException:
+            writer.close()  # its mappings, registrations and (per-peer) Mooncake engine
+            raise
         with self._lock:
             old = self._peers.pop(req.peer_id, None)
             self._peers[req.peer_id] = peer
@@ -154,6 +158,11 @@ class PrefillTransferManager:
         Mooncake (shm and fake copy directly, where a bounce only costs)."""
         offer = req.staging if req.HasField("staging") else None
         if offer is None or not offer.num_slots or not self.config.staging_slot_bytes or transport != "mooncake":
+            return None
+        if offer.slot_bytes > MAX_STAGING_SLOT_BYTES or offer.num_slots > MAX_STAGING_SLOTS:
+            log.warning("decode peer offers %d staging slots of %d bytes, more than this side takes (%d of %d); "
+                        "writing pages directly peer=%s", offer.num_slots, offer.slot_bytes, MAX_STAGING_SLOTS,
+                        MAX_STAGING_SLOT_BYTES, req.worker, extra={"worker": self.worker_id, "peer": req.worker})
             return None
         source = self._views()
         if offer.slot_bytes < source.bytes_per_page:

@@ -49,7 +49,7 @@ class KVReceiver(RoomHandle):
         self.opened = False  # OpenRoom was sent, so the prefill side may know the room
         self.started: float | None = None
         self._tell_peer = True
-        self._unstaging = threading.Lock()  # held while staged pages are copied into dst_pages
+        self._unstaging = threading.RLock()  # held while staged pages are copied into dst_pages
 
     # --- caller API (state, failure, failure_reason, release: see RoomHandle) -----------------------
     def poll(self) -> RoomState:
@@ -81,8 +81,14 @@ class KVReceiver(RoomHandle):
         self.link.open_room(self)
 
     def abort(self, reason: str) -> None:
-        """Give up on the room; the prefill side hears of it and stops writing."""
-        self._tracker.fail(FailureKind.ABORTED_LOCAL, f"aborted by decode: {reason}")
+        """Give up on the room; the prefill side hears of it and stops writing. Returns once no staged copy into
+        this room's pages is under way, so the caller may free them."""
+        with self._unstaging:
+            self._tracker.fail(FailureKind.ABORTED_LOCAL, f"aborted by decode: {reason}")
+
+    def release(self) -> None:
+        with self._unstaging:  # a staged copy under way finishes first
+            super().release()
 
     # --- manager / link side ------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ record, and Success is reported to the decode side only after that write complet
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from kv_transfer.staging import StagingSlots
 
 log = logging.getLogger("kv_transfer")
+
+# shm copies this many pages between room-state checks, as direct writes check it between batches
+_SHM_GROUP_PAGES = 64
 
 
 @dataclass(frozen=True)
@@ -138,9 +142,11 @@ class KVSender(RoomHandle):
     def _do_write(self, peer: "DecodePeer", chunk: Chunk) -> None:
         staged = False
         if peer.mapped is not None:  # shm: the peer's pool is mapped here, copy page runs straight into it
-            if self._tracker.state.terminal:
-                return
-            peer.metrics.add_bytes(copy_pages(*peer.mapped, chunk.src_pages, chunk.dst_pages))
+            for i in range(0, len(chunk.src_pages), _SHM_GROUP_PAGES):
+                if self._tracker.state.terminal:
+                    return  # aborted or timed out: the decode side may reuse its pages, stop copying
+                end = i + _SHM_GROUP_PAGES
+                peer.metrics.add_bytes(copy_pages(*peer.mapped, chunk.src_pages[i:end], chunk.dst_pages[i:end]))
         else:
             entries = write_entries(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
             staging = peer.staging
@@ -179,17 +185,19 @@ class KVSender(RoomHandle):
     def _write_staged(self, peer: "DecodePeer", staging: "StagingSlots", chunk: Chunk) -> None:
         """Write the chunk a slot at a time: gather locally, one entry into a free slot of the peer, announce it
         once written (the decode side copies it into place and frees the slot; see kv_transfer.staging). The
-        next slot is gathered while the previous one is on the wire."""
+        next slot is gathered while the previous one is on the wire. Stops at the first slot after the room
+        ended; a slot whose write failed is retired, since a late write could still land in it."""
         per_slot = staging.pages_per_slot
-        pending: tuple[Callable[[], None], int, int, int, int] | None = None
+        pending: _Pending | None = None
         try:
             for k, i in enumerate(range(0, len(chunk.src_pages), per_slot)):
-                src = chunk.src_pages[i:i + per_slot]
+                if self._tracker.state.terminal:
+                    return
                 slot = staging.acquire(0.0, lambda: False) if pending is not None else None
                 if slot is None:
                     if pending is not None:  # the peer may be waiting to hear of it before it frees anything
-                        self._finish_staged(peer, staging, *pending)
-                        pending = None
+                        done, pending = pending, None
+                        self._finish_staged(peer, staging, done)
                     slot = staging.acquire(self._config.transfer_timeout, lambda: self._tracker.state.terminal)
                 if slot is None:
                     if staging.closed:
@@ -198,29 +206,53 @@ class KVSender(RoomHandle):
                         self._tracker.fail(FailureKind.TIMEOUT, f"decode peer {peer.worker} freed no staging slot "
                                                                 f"in {self._config.transfer_timeout:g}s")
                     return
+                src = chunk.src_pages[i:i + per_slot]
                 try:
                     address, nbytes = staging.gather(src, buffer=k % 2)
+                except BaseException:
+                    staging.give_back(slot, written=False)
+                    raise
+                try:
                     wait = peer.writer.start_write([(address, staging.remote_address(slot), nbytes)])
                 except BaseException:
-                    staging.release(slot)  # the decode side never hears of this slot
+                    staging.give_back(slot, written=True)
                     raise
+                started = _Pending(wait, slot, chunk.first + i, len(src), nbytes)
                 if pending is not None:
-                    self._finish_staged(peer, staging, *pending)
-                pending = (wait, slot, chunk.first + i, len(src), nbytes)
+                    done, pending = pending, started
+                    self._finish_staged(peer, staging, done)  # on failure, `finally` still finishes `started`
+                else:
+                    pending = started
         finally:
             if pending is not None:
-                self._finish_staged(peer, staging, *pending)
+                self._finish_staged(peer, staging, pending, quiet=sys.exc_info()[0] is not None)
 
-    def _finish_staged(self, peer: "DecodePeer", staging: "StagingSlots", wait: Callable[[], None], slot: int,
-                       first: int, count: int, nbytes: int) -> None:
+    def _finish_staged(self, peer: "DecodePeer", staging: "StagingSlots", w: "_Pending", *,
+                       quiet: bool = False) -> None:
+        """Wait for a staged write, then announce it (also when the room ended meanwhile: the decode side must
+        hear of the slot to free it). `quiet`: another error is already on its way, so a failure here only
+        retires the slot."""
         try:
-            wait()
+            w.wait()
         except BaseException:
-            staging.release(slot)
+            staging.give_back(w.slot, written=True)
+            if quiet:
+                return
             raise
-        peer.metrics.add_bytes(nbytes)
-        peer.metrics.add_staged_bytes(nbytes)
-        self.pages_done += count
+        peer.metrics.add_bytes(w.nbytes)
+        peer.metrics.add_staged_bytes(w.nbytes)
+        self.pages_done += w.count
         self._tracker.progress()
-        # Announced even if the room ended meanwhile: the decode side must hear of the slot to free it.
-        peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done, staged=(slot, first, count))
+        staging.announce(w.slot)
+        peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done,
+                     staged=(w.slot, w.first, w.count))
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A staged write on the wire: wait() for it, then announce slot `slot` = dst_pages[first:first + count]."""
+    wait: Callable[[], None]
+    slot: int
+    first: int
+    count: int
+    nbytes: int

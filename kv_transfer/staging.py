@@ -63,6 +63,8 @@ class StagingSlots:
         # two gather buffers, so the next slot is gathered while the previous one is on the wire
         self._local = np.zeros(2 * slot_bytes, dtype=np.uint8)
         self._free = set(range(num_slots))
+        self._announced: set[int] = set()
+        self._retired = 0  # slots a failed write may still land in: never used again
         self._num_slots = num_slots
         self._cond = threading.Condition()
         self.closed = False
@@ -76,27 +78,48 @@ class StagingSlots:
         with self._cond:
             return len(self._free)
 
-    @staticmethod
-    def worth_it(entries: Sequence[tuple[int, int, int]]) -> bool:
-        return bool(entries) and sum(e[2] for e in entries) < STAGE_BELOW_ENTRY_BYTES * len(entries)
+    def worth_it(self, entries: Sequence[tuple[int, int, int]]) -> bool:
+        """Stage when the entries are small on average and some slot is still in service."""
+        return (bool(entries) and self._retired < self._num_slots
+                and sum(e[2] for e in entries) < STAGE_BELOW_ENTRY_BYTES * len(entries))
 
     def acquire(self, timeout: float, stop: Callable[[], bool]) -> int | None:
         """A free slot, or None when `stop()` turns true, the peer closes, or `timeout` passes."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._free:
+            while True:
+                if self.closed or stop():
+                    return None
+                if self._free:
+                    return self._free.pop()
                 remaining = deadline - time.monotonic()
-                if self.closed or stop() or remaining <= 0:
+                if remaining <= 0:
                     return None
                 self._cond.wait(min(0.05, remaining))
-            return self._free.pop()
+
+    def announce(self, slot: int) -> None:
+        """The slot's write completed and the decode side is about to hear of it: only now may it free it."""
+        with self._cond:
+            self._announced.add(slot)
 
     def release(self, slot: int) -> None:
+        """The decode side copied the slot out (StagingDone); PageIndexError for a slot it never heard of."""
         with self._cond:
-            if not 0 <= slot < self._num_slots or slot in self._free:
-                raise PageIndexError(f"staging slot {slot} is not in use")
+            if slot not in self._announced:
+                raise PageIndexError(f"staging slot {slot} is not waiting to be copied out")
+            self._announced.discard(slot)
             self._free.add(slot)
             self._cond.notify()
+
+    def give_back(self, slot: int, *, written: bool) -> None:
+        """A slot the decode side never heard of: back into service if nothing was sent into it, retired for
+        good if a write was attempted (a late Mooncake write could still land there)."""
+        with self._cond:
+            if written:
+                self._retired += 1
+            else:
+                self._free.add(slot)
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:

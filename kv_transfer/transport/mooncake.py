@@ -95,10 +95,13 @@ class MooncakeEngine:
             raise TransferIOError(f"Mooncake could not submit a write of {len(entries)} entries", rc=-1,
                                   peer=session)
 
+        result: list[int] = []
+
         def wait() -> None:
-            rc = engine.get_batch_transfer_status([batch])  # waits, then frees the batch
-            if rc != 0:
-                raise TransferIOError(f"Mooncake write of {len(entries)} entries failed", rc=rc, peer=session)
+            if not result:  # Mooncake frees the batch once waited on: never ask twice
+                result.append(engine.get_batch_transfer_status([batch]))
+            if result[0] != 0:
+                raise TransferIOError(f"Mooncake write of {len(entries)} entries failed", rc=result[0], peer=session)
         return wait
 
     def write(self, session: str, entries: list[Entry]) -> None:

@@ -8,6 +8,7 @@ sharing /dev/shm) and falls back to mooncake; `fake` works only inside one proce
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from kv_transfer.config import TransferConfig
@@ -64,17 +65,33 @@ class ReceiveSide:
 
 
 class SendSide:
-    """Prefill side: `writer_for(offer)`. Each Mooncake peer gets its own engine: inside one engine, a write
-    stuck on a frozen peer could stall writes to the others for seconds (seen here with Mooncake 0.3.13)."""
+    """Prefill side: `writer_for(offer)`. With P2PHANDSHAKE metadata and no fixed port, each Mooncake peer gets
+    its own engine: inside one engine, a write stuck on a frozen peer could stall writes to the others for
+    seconds (seen here with Mooncake 0.3.13). A fixed `host:port` or a metadata server (where an engine's
+    segment is named after its host) allows one engine per process, so those share one."""
 
     def __init__(self, config: TransferConfig, source_regions: list[tuple[int, int]]) -> None:
         self._config = config
         self._sources = source_regions
+        self._per_peer = config.metadata_server == "P2PHANDSHAKE" and ":" not in config.hostname
+        self._shared: MooncakeEngine | None = None
+        self._lock = threading.Lock()
 
-    def _engine(self) -> MooncakeEngine:
-        engine = MooncakeEngine(self._config)
-        engine.register(self._sources)
-        return engine
+    def _writer(self, session: str) -> MooncakeWriter:
+        if self._per_peer:
+            engine = MooncakeEngine(self._config)
+            try:
+                engine.register(self._sources)
+            except BaseException:
+                engine.shutdown()
+                raise
+            return MooncakeWriter(engine, session, owns_engine=True)
+        with self._lock:
+            if self._shared is None:
+                engine = MooncakeEngine(self._config)
+                engine.register(self._sources)
+                self._shared = engine
+            return MooncakeWriter(self._shared, session)
 
     def writer_for(self, offer: Offer, peer: str) -> PeerWriter:
         backend = self._config.backend
@@ -92,7 +109,7 @@ class SendSide:
                                                  "shm works only on one host", peer=peer) from exc
                 log.info("peer shm not mappable here, using mooncake peer=%s", peer)
         if backend in ("mooncake", "auto") and offer.mooncake_session:
-            return MooncakeWriter(self._engine(), offer.mooncake_session, owns_engine=True)
+            return self._writer(offer.mooncake_session)
         raise TransportMismatchError(
             f"no common transport with peer {peer}: this side is --transfer-backend {backend}, the peer "
             f"offers {_describe(offer)}", peer=peer)

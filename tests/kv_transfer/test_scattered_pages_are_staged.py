@@ -1,16 +1,22 @@
 """Scattered pages cross Mooncake through the decode side's staging slots: one block per slot, copied into
-place before Success. Pages arrive intact, slots come back after aborted rooms, and a slot refuses what
-it cannot hold."""
+place before Success. Pages arrive intact, slots come back after aborted rooms and failed writes, and a slot
+refuses what it cannot hold."""
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import numpy as np
 import pytest
 
-from kv_harness import open_room
-from kv_transfer import KVLayout
-from kv_transfer.errors import PageIndexError
+from kv_harness import open_room, wait_until
+from kv_transfer import KVLayout, TransferConfig
+from kv_transfer.aux import AuxBuffer, AuxStaging
+from kv_transfer.errors import PageIndexError, TransferIOError
+from kv_transfer.metrics import TransferMetrics
+from kv_transfer.peers import DecodePeer
+from kv_transfer.sender import KVSender
+from kv_transfer.state import FailureKind
 from kv_transfer.page_views import PageViews
 from kv_transfer.staging import StagingArea, StagingSlots
 
@@ -31,10 +37,21 @@ def test_a_slot_rejects_more_pages_than_it_holds() -> None:
     slots = StagingSlots(0, 2 * views.bytes_per_page, 2, views)
     taken = {slots.acquire(1.0, lambda: False), slots.acquire(1.0, lambda: False)}
     assert taken == {0, 1} and slots.acquire(0.05, lambda: False) is None  # both busy: times out
+    with pytest.raises(PageIndexError):
+        slots.release(1)  # not announced yet: the decode side cannot have copied it out
+    slots.announce(1)
     slots.release(1)
     with pytest.raises(PageIndexError):
-        slots.release(1)  # freeing a free slot is a protocol error
+        slots.release(1)  # freeing it twice is a protocol error
     assert slots.acquire(1.0, lambda: False) == 1
+    # a slot whose write failed is retired; with every slot retired the peer is written to directly
+    entries = [(0, 0, 512)] * 4
+    assert slots.worth_it(entries)
+    slots.give_back(0, written=True)
+    slots.give_back(1, written=True)
+    assert not slots.worth_it(entries) and slots.free_slots == 0
+    slots.close()
+    assert slots.acquire(1.0, lambda: False) is None  # a closed peer hands out nothing
 
 
 @pytest.mark.parametrize("staging", ["on", "off"])
@@ -72,3 +89,58 @@ def test_a_room_aborted_mid_transfer_gives_its_slots_back(spawn) -> None:
         prefill.call("send", room=room, pages=[1, 9, 4, 30], last=True, first_token=room)
         assert decode.wait(room, ["SUCCESS", "FAILED"], 20)["state"] == "SUCCESS"
         assert prefill.wait(room, ["SUCCESS", "FAILED"], 5)["state"] == "SUCCESS"
+
+
+class _FailingSecondWrite:
+    """A transport double (a real Mooncake write cannot be made to fail on cue): memcpy writes whose second
+    completion reports a failure."""
+    transport = "mooncake"
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def start_write(self, entries: list[tuple[int, int, int]]) -> Callable[[], None]:
+        self.started += 1
+        n = self.started
+
+        def wait() -> None:
+            if n == 2:
+                raise TransferIOError("injected: the second staged write failed", rc=-1)
+        return wait
+
+    def write(self, entries: list[tuple[int, int, int]]) -> None:
+        pass
+
+    def register_source(self, region: tuple[int, int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_staged_write_fails_the_room_and_loses_no_slot() -> None:
+    mem = np.zeros(1 << 18, dtype=np.uint8)
+    layout = KVLayout.packed(int(mem.ctypes.data), num_layers=2, num_pages=16, page_size=4, num_kv_heads=2,
+                             head_dim=8, dtype="float16")
+    views = PageViews(layout)
+    staging = StagingSlots(int(mem.ctypes.data), 2 * views.bytes_per_page, 3, views)  # 2 pages per slot
+    aux = AuxBuffer(4)
+    peer = DecodePeer("peer", "decode-0", layout, aux.layout, _FailingSecondWrite(), AuxStaging(4),
+                      TransferMetrics("prefill"), staging)
+    sender = KVSender(7, TransferConfig(backend="mooncake"), layout, lambda *a: None, lambda *a: None)
+    sender.attach(peer, tuple(range(8, 14)), 0, 0)
+    sender.claim()
+    assert sender.send([0, 1, 2, 3, 4, 5])  # three slots: the first and third writes succeed
+    assert wait_until(lambda: sender.state.terminal, 10)
+    assert sender.failure is not None and sender.failure.kind == FailureKind.TRANSFER_IO
+    assert "injected" in sender.failure.message
+    staged = []
+    while not peer.events.empty():
+        event = peer.events.get()
+        if event is not None and event.HasField("staged"):
+            staged.append(event.staged.slot)
+    assert len(staged) == 2  # both completed writes were announced, so the decode side frees their slots
+    for slot in staged:
+        staging.release(slot)
+    assert staging.free_slots == 2  # the failed write's slot is retired, nothing else is lost
+    peer.close()
