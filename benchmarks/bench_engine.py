@@ -170,28 +170,22 @@ def kv_token_bytes(path: Path, dtype: str) -> int:
     return cfg["num_hidden_layers"] * 2 * cfg.get("num_key_value_heads", heads) * head_dim * DTYPES[dtype].itemsize
 
 
-def decode_floor_with_kv(floors: dict[str, float], dtype: str, matmul_params: int | None, token_bytes: int,
-                         batch: int, context: float) -> dict[str, float]:
-    """A decode floor that also counts reading every cached token's K and V once per step at this run's memory
-    bandwidth (the copy rate): at batch 64 and ~576 tokens of context that read is most of a 150M model's step."""
-    if not matmul_params:
-        return {}
-    gflops = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m64"]
-    step = batch * 2 * matmul_params / (gflops * 1e9) + batch * context * token_bytes / (floors["copy_gbps"] * 1e9)
-    return {"decode_floor_with_kv_tok_s": batch / step}
-
-
-def token_floors(floors: dict[str, float], dtype: str, matmul_params: int | None) -> dict[str, float]:
-    """Compute floors in tokens/s from this run's matmul throughput: 2 flops per matmul parameter per token
-    (attention's own flops are left out, so these are upper bounds on what the weights allow). Decode uses
-    the batch-64 matmul rate, prefill the batch-512 one (float32) or the bfloat16 rate."""
+def token_floors(floors: dict[str, float], dtype: str, matmul_params: int | None, kv_bytes: int, batch: int,
+                 context: float) -> dict[str, float]:
+    """Floors in tokens/s from this run's matmul throughput: 2 flops per matmul parameter per token (attention's
+    own flops are left out, so these are upper bounds on what the weights allow). Decode uses the batch-64
+    matmul rate, prefill the batch-512 one (float32) or the bfloat16 rate. The decode floor "with KV" also
+    reads every cached token's K and V (`kv_bytes` each, `context` tokens per sequence) once per step at this
+    run's copy rate: at batch 64 and ~576 tokens of context that read is most of a 150M model's step."""
     if not matmul_params:
         return {}
     bf16 = dtype == "bfloat16"
-    decode = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m64"]
-    prefill = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m512"]
-    return {"decode_floor_tok_s": decode * 1e9 / (2 * matmul_params),
-            "prefill_floor_tok_s": prefill * 1e9 / (2 * matmul_params)}
+    decode = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m64"] * 1e9
+    prefill = floors["matmul_gflops_bf16_m64" if bf16 else "matmul_gflops_f32_m512"] * 1e9
+    step = batch * 2 * matmul_params / decode + batch * context * kv_bytes / (floors["copy_gbps"] * 1e9)
+    return {"decode_floor_tok_s": decode / (2 * matmul_params),
+            "prefill_floor_tok_s": prefill / (2 * matmul_params),
+            "decode_floor_with_kv_tok_s": batch / step}
 
 
 def main() -> None:
@@ -221,9 +215,8 @@ def main() -> None:
             peak = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m512"]
             job_flops = 2 * (params or 0) * args.num_requests * (args.prompt_len + args.output_len)
             base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9,
-                    **token_floors(floors, dtype, matmul_params),
-                    **decode_floor_with_kv(floors, dtype, matmul_params, kv_token_bytes(path, dtype),
-                                           args.num_requests, args.prompt_len + args.output_len / 2)}
+                    **token_floors(floors, dtype, matmul_params, kv_token_bytes(path, dtype), args.num_requests,
+                                   args.prompt_len + args.output_len / 2)}
             ours = run_ours(path, dtype, args.threads, prompts, args.output_len)
             rows.append({**base, "system": "splitserve", **ours})
             print(f"{name} {dtype} splitserve: {ours}")

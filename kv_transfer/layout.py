@@ -123,17 +123,20 @@ def page_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, in
     return runs
 
 
-def write_entries(src: KVLayout, dst: KVLayout, src_pages: Sequence[int],
-                  dst_pages: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(src_addr, dst_addr, length) for every K and V buffer, contiguous runs merged into one entry.
+def write_runs(src: KVLayout, dst: KVLayout, src_pages: Sequence[int],
+               dst_pages: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The (src_start, dst_start, count) runs one write entry per K/V buffer can cover: consecutive pages are
+    merged only where both sides are dense (stride == page bytes); otherwise each page is its own run."""
+    if src.stride == src.page_bytes and dst.stride == dst.page_bytes:
+        return page_runs(src_pages, dst_pages)
+    return [(s, d, 1) for s, d in zip(src_pages, dst_pages)]
 
-    A run is merged only where both sides are dense (stride == page bytes); otherwise each page is
-    its own entry. The layouts must already be compatible (same page bytes).
-    """
+
+def write_entries(src: KVLayout, dst: KVLayout, runs: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(src_addr, dst_addr, length) for every K and V buffer and every run of `write_runs`. The layouts must
+    already be compatible (same page bytes)."""
     entries: list[tuple[int, int, int]] = []
     page = src.page_bytes
-    dense = src.stride == page and dst.stride == page
-    runs = page_runs(src_pages, dst_pages) if dense else [(s, d, 1) for s, d in zip(src_pages, dst_pages)]
     for s_base, d_base in zip(src.bases(), dst.bases()):
         for s, d, n in runs:
             entries.append((s_base + s * src.stride, d_base + d * dst.stride, n * page))

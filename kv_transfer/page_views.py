@@ -71,11 +71,18 @@ def _strided(base: int, size: int, shape: tuple[int, ...], strides: tuple[int, .
     return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=strides)
 
 
+def matched_views(src: PageViews, dst: PageViews) -> tuple[PageViews, PageViews]:
+    """Views of two pools grouped alike, as copy_pages needs: as given when they are, else one per buffer."""
+    if src.counts == dst.counts:
+        return src, dst
+    return PageViews(src.layout, group=False), PageViews(dst.layout, group=False)
+
+
 def copy_pages(src: PageViews, dst: PageViews, src_pages: Sequence[int], dst_pages: Sequence[int]) -> int:
-    """Copy src_pages of every buffer into dst_pages, a run of consecutive pages per numpy call and buffer
-    group (two calls per run for packed pools, where per-entry memmoves would take 2 x layers); returns bytes."""
-    if src.counts != dst.counts:
-        src, dst = PageViews(src.layout, group=False), PageViews(dst.layout, group=False)
+    """Copy src_pages of every buffer into dst_pages (views from matched_views), a run of consecutive pages per
+    numpy call and buffer group (two calls per run for packed pools, where per-entry memmoves would take
+    2 x layers); returns bytes."""
+    assert src.counts == dst.counts, "views must come from matched_views"
     for s, d, n in page_runs(src_pages, dst_pages):
         for sv, dv in zip(src.views, dst.views):
             np.copyto(dv[:, d:d + n], sv[:, s:s + n])

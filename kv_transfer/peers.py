@@ -61,8 +61,6 @@ class DecodePeer:
         self.metrics = metrics
         self.staging = staging  # the peer's staging slots, when scattered pages are staged
         self.mapped = mapped  # (our pool, the peer's pool mapped here) when pages can be copied directly (shm)
-        if staging is not None:
-            writer.register_source(staging.local_region)
         self.events: "queue.Queue[Any]" = queue.Queue()
         self.last_seen = time.monotonic()
         self.alive = True

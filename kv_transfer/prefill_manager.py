@@ -20,13 +20,14 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
 from kv_transfer.rooms import RoomTable
+from kv_transfer.page_views import PageViews, matched_views
 from kv_transfer.sender import KVSender
-from kv_transfer.page_views import PageViews
 from kv_transfer.staging import StagingSlots
-from kv_transfer.transport.shm import ShmWriter
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
+from kv_transfer.transport.mooncake import MooncakeWriter
 from kv_transfer.transport.select import SendSide
+from kv_transfer.transport.shm import ShmWriter
 from kv_transfer.wire import aux_from_msg, check_room_id, layout_from_msg, offer_from_msg
 
 log = logging.getLogger("kv_transfer")
@@ -92,9 +93,10 @@ class PrefillTransferManager:
         self.layout.check_compatible(remote, peer=req.worker)
         writer = self._send_side.writer_for(offer_from_msg(req.offer), req.worker)
         try:
-            mapped = (self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
+            mapped = matched_views(self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
+            staging = self._staging_for(req, writer) if isinstance(writer, MooncakeWriter) else None
             peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
-                              self._aux_staging, self.metrics, self._staging_for(req, writer.transport), mapped)
+                              self._aux_staging, self.metrics, staging, mapped)
         except BaseException:
             writer.close()  # its mappings, registrations and (per-peer) Mooncake engine
             raise
@@ -153,11 +155,11 @@ class PrefillTransferManager:
         self._drop_peer(peer, why)
 
     # --- internals --------------------------------------------------------------------------------
-    def _staging_for(self, req: Any, transport: str) -> StagingSlots | None:
-        """Stage scattered pages to this peer when it offers slots, both sides allow it and the writer is
-        Mooncake (shm and fake copy directly, where a bounce only costs)."""
+    def _staging_for(self, req: Any, writer: MooncakeWriter) -> StagingSlots | None:
+        """Stage scattered pages to a Mooncake peer when it offers slots and both sides allow it (shm and fake
+        copy directly, where a bounce only costs)."""
         offer = req.staging if req.HasField("staging") else None
-        if offer is None or not offer.num_slots or not self.config.staging_slot_bytes or transport != "mooncake":
+        if offer is None or not offer.num_slots or not self.config.staging_slot_bytes:
             return None
         if offer.slot_bytes > MAX_STAGING_SLOT_BYTES or offer.num_slots > MAX_STAGING_SLOTS:
             log.warning("decode peer offers %d staging slots of %d bytes, more than this side takes (%d of %d); "
@@ -169,7 +171,9 @@ class PrefillTransferManager:
             log.warning("decode peer's staging slots are smaller than one page over all layers; writing pages "
                         "directly peer=%s", req.worker, extra={"worker": self.worker_id, "peer": req.worker})
             return None
-        return StagingSlots(offer.base, offer.slot_bytes, offer.num_slots, source)
+        slots = StagingSlots(offer.base, offer.slot_bytes, offer.num_slots, source, writer.start_write)
+        writer.register_source(slots.local_region)
+        return slots
 
     def _views(self) -> PageViews:
         if self._source_views is None:

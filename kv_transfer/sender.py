@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from kv_transfer.aux import AuxRecord, RECORD_SIZE
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
-from kv_transfer.layout import KVLayout, split_batches, write_entries
+from kv_transfer.layout import KVLayout, split_batches, write_entries, write_runs
 from kv_transfer.page_views import copy_pages
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
@@ -148,12 +148,13 @@ class KVSender(RoomHandle):
                 end = i + _SHM_GROUP_PAGES
                 peer.metrics.add_bytes(copy_pages(*peer.mapped, chunk.src_pages[i:end], chunk.dst_pages[i:end]))
         else:
-            entries = write_entries(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
+            runs = write_runs(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
             staging = peer.staging
-            staged = staging is not None and staging.worth_it(entries)
-            if staging is not None and staged:
+            if staging is not None and staging.worth_it(len(chunk.src_pages) * self._layout.page_bytes / len(runs)):
+                staged = True
                 self._write_staged(peer, staging, chunk)  # counts and announces each slot itself
             else:
+                entries = write_entries(self._layout, peer.layout, runs)
                 for batch in split_batches(entries, self._config.max_batch_entries):
                     if self._tracker.state.terminal:
                         return  # aborted or timed out: stop writing
@@ -213,7 +214,7 @@ class KVSender(RoomHandle):
                     staging.give_back(slot, written=False)
                     raise
                 try:
-                    wait = peer.writer.start_write([(address, staging.remote_address(slot), nbytes)])
+                    wait = staging.start_write(slot, address, nbytes)
                 except BaseException:
                     staging.give_back(slot, written=True)
                     raise

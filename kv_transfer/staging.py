@@ -20,6 +20,7 @@ import numpy as np
 
 from kv_transfer.errors import ConfigError, PageIndexError
 from kv_transfer.page_views import PageViews
+from kv_transfer.transport import Entry
 
 # Entries at least this large already reach Mooncake TCP's full speed (measured here: 32 KiB entries
 # 0.9 GB/s, 128 KiB 1.8, 1 MiB and up 2.2), so only chunks whose mean entry is smaller are staged.
@@ -30,9 +31,7 @@ class StagingArea:
     """Decode side: the slots one prefill peer writes staged pages into (registered like the KV pool)."""
 
     def __init__(self, slot_bytes: int, num_slots: int, pool: PageViews) -> None:
-        if slot_bytes < pool.bytes_per_page or num_slots < 1:
-            raise ConfigError(f"--transfer-staging-slot-bytes ({slot_bytes}) must hold at least one page over all "
-                              f"layers ({pool.bytes_per_page} bytes) and --transfer-staging-slots must be >= 1")
+        """slot_bytes must hold one page over all layers (the decode manager checks the flag at start)."""
         self.slot_bytes, self.num_slots, self._pool = slot_bytes, num_slots, pool
         self._buf = np.zeros(slot_bytes * num_slots, dtype=np.uint8)  # touched, so no page faults mid-transfer
         self.base = int(self._buf.ctypes.data)
@@ -53,13 +52,16 @@ class StagingArea:
 class StagingSlots:
     """Prefill side, per decode peer: which of the peer's slots are free, and the local gather buffer."""
 
-    def __init__(self, remote_base: int, slot_bytes: int, num_slots: int, source: PageViews) -> None:
+    def __init__(self, remote_base: int, slot_bytes: int, num_slots: int, source: PageViews,
+                 start_write: Callable[[list[Entry]], Callable[[], None]]) -> None:
+        """start_write: the peer's Mooncake writer's; it begins a write and returns a function that waits for it."""
         self.remote_base, self.slot_bytes = remote_base, slot_bytes
         self.pages_per_slot = slot_bytes // source.bytes_per_page
         if self.pages_per_slot < 1 or num_slots < 1:
             raise ConfigError(f"the decode peer's staging slots ({num_slots} x {slot_bytes} bytes) cannot hold "
                               f"one page over all layers ({source.bytes_per_page} bytes)")
         self._source = source
+        self._start_write = start_write
         # two gather buffers, so the next slot is gathered while the previous one is on the wire
         self._local = np.zeros(2 * slot_bytes, dtype=np.uint8)
         self._free = set(range(num_slots))
@@ -78,10 +80,9 @@ class StagingSlots:
         with self._cond:
             return len(self._free)
 
-    def worth_it(self, entries: Sequence[tuple[int, int, int]]) -> bool:
-        """Stage when the entries are small on average and some slot is still in service."""
-        return (bool(entries) and self._retired < self._num_slots
-                and sum(e[2] for e in entries) < STAGE_BELOW_ENTRY_BYTES * len(entries))
+    def worth_it(self, mean_entry_bytes: float) -> bool:
+        """Stage when direct writes would be small entries and some slot is still in service."""
+        return mean_entry_bytes < STAGE_BELOW_ENTRY_BYTES and self._retired < self._num_slots
 
     def acquire(self, timeout: float, stop: Callable[[], bool]) -> int | None:
         """A free slot, or None when `stop()` turns true, the peer closes, or `timeout` passes."""
@@ -132,5 +133,6 @@ class StagingSlots:
         n = self._source.gather(src_pages, out)
         return int(out.ctypes.data), n
 
-    def remote_address(self, slot: int) -> int:
-        return self.remote_base + slot * self.slot_bytes
+    def start_write(self, slot: int, address: int, nbytes: int) -> Callable[[], None]:
+        """Begin writing a gathered block into the peer's slot; returns the function that waits for it."""
+        return self._start_write([(address, self.remote_base + slot * self.slot_bytes, nbytes)])

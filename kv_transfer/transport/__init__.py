@@ -6,7 +6,7 @@ the decode side's offer and picks the prefill side's writer for it.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
 
 Entry = tuple[int, int, int]
 
@@ -16,12 +16,6 @@ class PeerWriter(Protocol):
 
     def write(self, entries: list[Entry]) -> None:
         """Copy every entry into the peer; blocks; TransferIOError on failure."""
-
-    def start_write(self, entries: list[Entry]) -> Callable[[], None]:
-        """Begin copying; returns a function that waits for the copy (TransferIOError on failure)."""
-
-    def register_source(self, region: tuple[int, int]) -> None:
-        """Make a local buffer (a staging gather buffer) writable from; unregistered again by close()."""
 
     def close(self) -> None:
         """Release what the writer holds (mappings); idempotent."""

@@ -11,7 +11,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 from kv_transfer.errors import TransferIOError, TransportMismatchError
 from kv_transfer.transport import Entry
@@ -68,13 +67,6 @@ class FakeWriter:
                                       peer=self.session)
         for src, dst, length in entries:
             ctypes.memmove(dst, src, length)
-
-    def start_write(self, entries: list[Entry]) -> Callable[[], None]:
-        self.write(entries)  # a memcpy: done by the time it returns
-        return lambda: None
-
-    def register_source(self, region: tuple[int, int]) -> None:
-        pass  # plain memcpy reads any local address
 
     def close(self) -> None:
         pass

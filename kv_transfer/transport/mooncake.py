@@ -129,6 +129,7 @@ class MooncakeWriter:
         self._sources: list[tuple[int, int]] = []
 
     def register_source(self, region: tuple[int, int]) -> None:
+        """Register a local buffer (a staging gather buffer) to write from; unregistered again by close()."""
         self._engine.register([region])
         self._sources.append(region)
 

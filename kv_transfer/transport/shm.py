@@ -4,7 +4,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import dataclasses
-from typing import Callable
 
 from kv_transfer.errors import TransferIOError
 from kv_transfer.layout import KVLayout
@@ -51,13 +50,6 @@ class ShmWriter:
         targets = [self._local(dst, length) for _, dst, length in entries]  # check all before writing
         for (src, _, length), local in zip(entries, targets):
             ctypes.memmove(local, src, length)  # releases the GIL
-
-    def start_write(self, entries: list[Entry]) -> Callable[[], None]:
-        self.write(entries)  # a memcpy: done by the time it returns
-        return lambda: None
-
-    def register_source(self, region: tuple[int, int]) -> None:
-        pass  # plain memcpy reads any local address
 
     def close(self) -> None:
         for _, _, seg in self._maps:

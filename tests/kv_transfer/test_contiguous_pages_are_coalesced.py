@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kv_transfer import ConfigError, KVLayout, LayoutMismatchError
-from kv_transfer.layout import page_runs, split_batches, write_entries
+from kv_transfer.layout import page_runs, split_batches, write_entries, write_runs
 
 SHAPE = dict(num_layers=2, num_pages=100, page_size=4, num_kv_heads=2, head_dim=8, dtype="float16")
 
@@ -18,7 +18,7 @@ def test_entries_cover_every_buffer_with_run_lengths() -> None:
     src = KVLayout.packed(1_000_000, **SHAPE)
     dst = KVLayout.packed(9_000_000, **SHAPE)
     page = src.page_bytes
-    entries = write_entries(src, dst, [4, 5, 6, 9], [0, 1, 2, 50])
+    entries = write_entries(src, dst, write_runs(src, dst, [4, 5, 6, 9], [0, 1, 2, 50]))
     assert len(entries) == 2 * 2 * 2  # 2 runs x (K, V) x 2 layers
     assert entries[0] == (src.k_base[0] + 4 * page, dst.k_base[0], 3 * page)
     assert entries[1] == (src.k_base[0] + 9 * page, dst.k_base[0] + 50 * page, page)
@@ -29,7 +29,7 @@ def test_strided_layouts_are_not_merged() -> None:
     src = KVLayout.packed(0, **SHAPE)
     dst = KVLayout(**{**SHAPE, "k_base": (0, 10**6), "v_base": (2 * 10**6, 3 * 10**6)},
                    page_stride=src.page_bytes * 2)
-    entries = write_entries(src, dst, [1, 2], [1, 2])
+    entries = write_entries(src, dst, write_runs(src, dst, [1, 2], [1, 2]))
     assert len(entries) == 2 * 4 and entries[1][1] - entries[0][1] == 2 * src.page_bytes
 
 

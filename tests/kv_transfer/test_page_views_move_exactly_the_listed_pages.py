@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kv_transfer import KVLayout
-from kv_transfer.page_views import PageViews, copy_pages
+from kv_transfer.page_views import PageViews, copy_pages, matched_views
 
 KINDS = ["packed", "strided", "shuffled"]
 
@@ -77,7 +77,8 @@ def test_copy_pages_between_pools_moves_exactly_the_listed_pages(src_kind: str, 
     # a contiguous run (coalesced into one copy per buffer group) followed by scattered pages
     src_pages = [2, 3, 4, 5] + rng.sample(range(6, 12), 3)
     dst_pages = [7, 8, 9, 10] + rng.sample([0, 1, 2, 3, 4, 5], 3)
-    assert copy_pages(PageViews(src), PageViews(dst), src_pages, dst_pages) == 7 * 6 * src.page_bytes
+    views = matched_views(PageViews(src), PageViews(dst))  # regrouped per buffer when the layouts differ
+    assert copy_pages(*views, src_pages, dst_pages) == 7 * 6 * src.page_bytes
     for b in range(6):
         for s, d in zip(src_pages, dst_pages):
             assert _page(dst_mem, dst, b, d) == _page(src_mem, src, b, s)

@@ -17,6 +17,7 @@ from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
 from kv_transfer.sender import KVSender
 from kv_transfer.state import FailureKind
+from kv_transfer.transport import fake
 from kv_transfer.page_views import PageViews
 from kv_transfer.staging import StagingArea, StagingSlots
 
@@ -34,7 +35,7 @@ def test_a_slot_rejects_more_pages_than_it_holds() -> None:
         area.unstage(0, [1, 2, 3])
     with pytest.raises(PageIndexError):
         area.unstage(2, [1])
-    slots = StagingSlots(0, 2 * views.bytes_per_page, 2, views)
+    slots = StagingSlots(0, 2 * views.bytes_per_page, 2, views, lambda entries: lambda: None)
     taken = {slots.acquire(1.0, lambda: False), slots.acquire(1.0, lambda: False)}
     assert taken == {0, 1} and slots.acquire(0.05, lambda: False) is None  # both busy: times out
     with pytest.raises(PageIndexError):
@@ -45,11 +46,10 @@ def test_a_slot_rejects_more_pages_than_it_holds() -> None:
         slots.release(1)  # freeing it twice is a protocol error
     assert slots.acquire(1.0, lambda: False) == 1
     # a slot whose write failed is retired; with every slot retired the peer is written to directly
-    entries = [(0, 0, 512)] * 4
-    assert slots.worth_it(entries)
+    assert slots.worth_it(512) and not slots.worth_it(4 << 20)  # small entries are staged, large ones not
     slots.give_back(0, written=True)
     slots.give_back(1, written=True)
-    assert not slots.worth_it(entries) and slots.free_slots == 0
+    assert not slots.worth_it(512) and slots.free_slots == 0
     slots.close()
     assert slots.acquire(1.0, lambda: False) is None  # a closed peer hands out nothing
 
@@ -91,31 +91,20 @@ def test_a_room_aborted_mid_transfer_gives_its_slots_back(spawn) -> None:
         assert prefill.wait(room, ["SUCCESS", "FAILED"], 5)["state"] == "SUCCESS"
 
 
-class _FailingSecondWrite:
-    """A transport double (a real Mooncake write cannot be made to fail on cue): memcpy writes whose second
-    completion reports a failure."""
-    transport = "mooncake"
+def _second_write_fails() -> Callable[[list[tuple[int, int, int]]], Callable[[], None]]:
+    """A stand-in for Mooncake's start_write (a real write cannot be made to fail on cue): writes nothing, and
+    the second write's completion reports a failure."""
+    started = [0]
 
-    def __init__(self) -> None:
-        self.started = 0
-
-    def start_write(self, entries: list[tuple[int, int, int]]) -> Callable[[], None]:
-        self.started += 1
-        n = self.started
+    def start_write(entries: list[tuple[int, int, int]]) -> Callable[[], None]:
+        started[0] += 1
+        n = started[0]
 
         def wait() -> None:
             if n == 2:
                 raise TransferIOError("injected: the second staged write failed", rc=-1)
         return wait
-
-    def write(self, entries: list[tuple[int, int, int]]) -> None:
-        pass
-
-    def register_source(self, region: tuple[int, int]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    return start_write
 
 
 def test_a_failed_staged_write_fails_the_room_and_loses_no_slot() -> None:
@@ -123,9 +112,11 @@ def test_a_failed_staged_write_fails_the_room_and_loses_no_slot() -> None:
     layout = KVLayout.packed(int(mem.ctypes.data), num_layers=2, num_pages=16, page_size=4, num_kv_heads=2,
                              head_dim=8, dtype="float16")
     views = PageViews(layout)
-    staging = StagingSlots(int(mem.ctypes.data), 2 * views.bytes_per_page, 3, views)  # 2 pages per slot
+    staging = StagingSlots(int(mem.ctypes.data), 2 * views.bytes_per_page, 3, views,  # 2 pages per slot
+                           _second_write_fails())
     aux = AuxBuffer(4)
-    peer = DecodePeer("peer", "decode-0", layout, aux.layout, _FailingSecondWrite(), AuxStaging(4),
+    session = fake.register_session([(int(mem.ctypes.data), mem.nbytes), (aux.layout.base, aux.layout.total_bytes)])
+    peer = DecodePeer("peer", "decode-0", layout, aux.layout, fake.FakeWriter(session), AuxStaging(4),
                       TransferMetrics("prefill"), staging)
     sender = KVSender(7, TransferConfig(backend="mooncake"), layout, lambda *a: None, lambda *a: None)
     sender.attach(peer, tuple(range(8, 14)), 0, 0)
@@ -144,3 +135,4 @@ def test_a_failed_staged_write_fails_the_room_and_loses_no_slot() -> None:
         staging.release(slot)
     assert staging.free_slots == 2  # the failed write's slot is retired, nothing else is lost
     peer.close()
+    fake.unregister_session(session)
