@@ -25,6 +25,9 @@ class ModelConfig:
         "help": "maximum prompt + output tokens; defaults to the model's max_position_embeddings"})
     attention_backend: str = field(default="auto", metadata={
         "help": "attention backend (torch everywhere; more on CUDA as they land)", "choices": ("auto", "torch")})
+    weight_prepack: bool = field(default=True, metadata={
+        "help": "on CPU, reorder float32/bfloat16 linear weights once into oneDNN's GEMM layout (faster matmuls "
+                "at decode batch sizes; float32 results differ only by summation order)"})
 
 
 @dataclass(frozen=True)

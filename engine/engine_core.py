@@ -85,7 +85,8 @@ class EngineCore:
         self.device = resolve_device(mc.device)
         if mc.num_threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(mc.num_threads)
-        self.model, self.arch, self.dtype = load_model(self.model_dir, mc.dtype, self.device)
+        self.model, self.arch, self.dtype = load_model(self.model_dir, mc.dtype, self.device,
+                                                            prepack=mc.weight_prepack)
         self.tokenizer = Tokenizer(self.model_dir)
         self.served_model_name = mc.served_model_name or self.model_dir.name
         page = cfg.cache.page_size

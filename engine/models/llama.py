@@ -92,13 +92,11 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # None when tied to the embeddings (prepacking may still give a tied model a packed copy here)
+        self.lm_head: nn.Module | None = (None if cfg.tie_word_embeddings else
+                                          nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
                                     min(cfg.max_position_embeddings, 8192))
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
                 backend: AttentionBackend) -> torch.Tensor:
@@ -107,4 +105,5 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             h = layer(h, rope, backend)
         h = self.norm(h[logit_rows])
-        return F.linear(h, self.lm_head_weight).float()
+        logits = F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
+        return logits.float()

@@ -1,0 +1,64 @@
+"""Linear weights prepacked for the CPU GEMM (oneDNN's layout) give F.linear's results for every row count a
+step can have (one decode up to a prefill chunk), with and without bias, in float32 and bfloat16; the engine
+packs every linear layer (a tied LM head gets a packed copy, the embedding stays dense) unless
+--no-weight-prepack, and greedy output is the same either way."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.engine_core import EngineCore
+from engine.models.linear import PackedLinear, can_prepack, prepack_linears
+from engine.sampling_params import SamplingParams
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(not can_prepack(CPU, torch.float32), reason="torch was built without oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_f_linear(rows: int, dtype: torch.dtype, tol: float, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 80, generator=gen).to(dtype)
+    b = torch.randn(96, generator=gen).to(dtype) if bias else None
+    x = torch.randn(rows, 80, generator=gen).to(dtype)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    got = PackedLinear(w, b)(x)
+    assert got.shape == (rows, 96) and got.dtype == dtype
+    assert ((got.float() - ref).abs() / (ref.abs() + 1)).max().item() < tol
+
+
+def test_prepack_replaces_every_linear_and_packs_a_tied_head() -> None:
+    model = nn.Module()
+    model.embed = nn.Embedding(50, 16)
+    model.block = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
+    x = torch.randn(5, 16)
+    before = F.linear(model.block(x), model.embed.weight)
+    assert prepack_linears(model, tied_lm_head=model.embed.weight) == 3
+    assert isinstance(model.block[0], PackedLinear) and isinstance(model.block[2], PackedLinear)
+    assert isinstance(model.embed, nn.Embedding)  # the lookup still needs the dense matrix
+    torch.testing.assert_close(model.lm_head(model.block(x)), before, rtol=1e-5, atol=1e-5)
+
+
+def _core(model_dir: Path, prepack: bool) -> EngineCore:
+    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), dtype="float32", weight_prepack=prepack),
+                                   CacheConfig(page_size=4, max_total_tokens=4096)))
+
+
+def test_engine_output_is_the_same_with_and_without_prepacking(tiny_model_dir: Path) -> None:
+    outputs = []
+    for prepack in (True, False):
+        core = _core(tiny_model_dir, prepack)
+        linears = [m for m in core.model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+        assert linears and all(isinstance(m, PackedLinear) == prepack for m in linears)
+        reqs = [core.make_request([5 + i, 17, 99, 3 * i + 40, 250, 7], SamplingParams(
+            max_new_tokens=24, temperature=0.0, ignore_eos=True), detokenize=False) for i in range(4)]
+        core.run_to_completion(reqs)
+        outputs.append([r.output_ids for r in reqs])
+    assert outputs[0] == outputs[1]
