@@ -17,7 +17,8 @@ class ModelConfig:
     served_model_name: str | None = field(default=None, metadata={
         "help": "model name reported by /v1/models and accepted in requests (defaults to the folder name)"})
     dtype: str = field(default="auto", metadata={
-        "help": "weight and KV dtype; auto = the checkpoint's torch_dtype (float32 on CPU for float16 checkpoints)",
+        "help": "weight dtype (and KV dtype unless --kv-cache-dtype); auto = the checkpoint's torch_dtype "
+                "(float32 on CPU for float16 checkpoints)",
         "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto (cuda when available)"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
@@ -40,6 +41,10 @@ class CacheConfig:
     mem_fraction: float = field(default=0.15, metadata={
         "help": "fraction of memory (RAM on CPU, free GPU memory on CUDA) for the KV pool when --max-total-tokens "
                 "is not given"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "help": "dtype of the KV pool; auto = the model's dtype. bfloat16 under a float32 model halves the bytes "
+                "a decode step reads (and the pool's size per token) at bfloat16 precision for cached K/V; "
+                "prefill and decode workers must agree", "choices": DTYPES})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn off prefix caching (for A/B tests)"})
     radix_eviction_policy: str = field(default="lru", metadata={
         "help": "which unlocked leaves the radix cache evicts first", "choices": EVICTION_POLICIES})

@@ -20,6 +20,7 @@ from engine.mem.base import NoPrefixCache, PrefixCache
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.models import load_model
+from engine.models.loader import DTYPES
 from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.runner.attention import create_backend
@@ -92,11 +93,12 @@ class EngineCore:
         page = cfg.cache.page_size
         if page < 1:
             raise ValueError("--page-size must be at least 1")
-        probe = KVShape(self.arch.num_layers, 1, 1, self.arch.num_kv_heads, self.arch.head_dim, self.dtype)
+        kv_dtype = self.dtype if cfg.cache.kv_cache_dtype == "auto" else DTYPES[cfg.cache.kv_cache_dtype]
+        probe = KVShape(self.arch.num_layers, 1, 1, self.arch.num_kv_heads, self.arch.head_dim, kv_dtype)
         tokens = _pool_tokens(cfg, probe.bytes_per_token, self.device)
         num_pages = max(2, tokens // page + 1)  # +1: the reserved null page
         self.kv_shape = KVShape(self.arch.num_layers, num_pages, page, self.arch.num_kv_heads,
-                                self.arch.head_dim, self.dtype)
+                                self.arch.head_dim, kv_dtype)
         self.pool = KVPool(self.kv_shape, self.device,
                            kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
@@ -112,8 +114,8 @@ class EngineCore:
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
-        log.info("engine ready: model=%s arch=%s dtype=%s device=%s kv_pages=%d page_size=%d context=%d",
-                 self.model_dir, self.arch.architecture, self.dtype, self.device, num_pages - 1, page,
+        log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
+                 "context=%d", self.model_dir, self.arch.architecture, self.dtype, kv_dtype, self.device, num_pages - 1, page,
                  self.context_length)
 
     # -- requests ----------------------------------------------------------------------------------------------

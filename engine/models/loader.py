@@ -16,7 +16,7 @@ from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _STACKED = {  # HF module name -> (our fused module, position in the fused weight)
     "self_attn.q_proj": ("self_attn.qkv_proj", 0),
@@ -29,8 +29,8 @@ _STACKED = {  # HF module name -> (our fused module, position in the fused weigh
 
 def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
     if requested != "auto":
-        return _DTYPES[requested]
-    dtype = _DTYPES.get(checkpoint_dtype.replace("torch.", ""), torch.float32)
+        return DTYPES[requested]
+    dtype = DTYPES.get(checkpoint_dtype.replace("torch.", ""), torch.float32)
     if device.type == "cpu" and dtype == torch.float16:
         log.info("float16 checkpoint on CPU: running in float32 (pass --dtype float16 to force)")
         return torch.float32

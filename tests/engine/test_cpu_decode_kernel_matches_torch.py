@@ -1,6 +1,7 @@
 """The native CPU decode kernel equals plain torch attention over the same pages, for the head layouts of
-real models (group sizes 1-8, head dims 32-128), float32 and bfloat16, ragged lengths and scattered pages, for a
-single sequence (its kv heads split into tasks) and for batches (one task per sequence)."""
+real models (group sizes 1-8, head dims 32-128), float32 and bfloat16 (and a float32 model over a bfloat16 or
+float16 cache), ragged lengths and scattered pages, for a single sequence (its kv heads split into tasks) and for
+batches (one task per sequence); both its AVX-512 body (head dims 64/128) and its generic body."""
 from __future__ import annotations
 
 import pytest
@@ -13,22 +14,27 @@ SHAPES = [(4, 4, 32), (8, 2, 64), (28, 4, 128), (32, 8, 128), (64, 8, 64), (16, 
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lengths,page", [([257], 16), ([1, 17, 100, 257], 16), ([3, 9, 40, 5, 77, 1, 64, 30], 4)],
-                         ids=["one-seq", "batch", "batch-page4"])
-def test_kernel_matches_sdpa(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, lengths: list[int],
-                             page: int) -> None:
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                            (torch.float32, torch.bfloat16), (torch.float32, torch.float16)],
+                         ids=["f32", "bf16", "f32-bf16cache", "f32-f16cache"])
+@pytest.mark.parametrize("generic", [False, True], ids=["fast", "generic"])
+@pytest.mark.parametrize("lengths,page", [([257], 16), ([1, 17, 100, 257], 16), ([3, 9, 40, 5, 77, 1, 64, 30], 4),
+                                          ([5, 70, 33, 600], 32)],
+                         ids=["one-seq", "batch", "batch-page4", "batch-page32"])
+def test_kernel_matches_sdpa(heads: int, kv_heads: int, dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+                             generic: bool, lengths: list[int], page: int) -> None:
     lib = decode_kernel()
     if lib is None:
         pytest.skip("no C compiler: the pure-torch path is used instead")
     gen = torch.Generator().manual_seed(heads * dim)
     pages = 64
-    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(dtype)
-    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(dtype)
+    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
     lens = torch.tensor(lengths)
     table = torch.stack([torch.randperm(pages - 1, generator=gen)[:20] + 1 for _ in lens])
     q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
-    out = decode_attention(lib, q, k_cache, v_cache, table, lens, page, dim ** -0.5)
+    out = decode_attention(lib, q, k_cache, v_cache, table, lens, page, dim ** -0.5, generic=generic)
+    assert out.dtype == dtype
     for b, n in enumerate(lens.tolist()):
         slots = (table[b].unsqueeze(1) * page + torch.arange(page)).reshape(-1)[:n]
         k, v = k_cache[slots].float().transpose(0, 1), v_cache[slots].float().transpose(0, 1)

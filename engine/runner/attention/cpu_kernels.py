@@ -50,7 +50,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     fn = lib.splitserve_decode_attention
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 4
     return lib
 
 
@@ -67,14 +67,17 @@ def decode_kernel() -> ctypes.CDLL | None:
 
 
 def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     page_table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, scale: float) -> torch.Tensor:
-    """q: [B, H, D] contiguous; caches [slots, KVH, D]; page_table [B, max_pages] int64 -> out [B, H, D]."""
+                     page_table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, scale: float,
+                     generic: bool = False) -> torch.Tensor:
+    """q: [B, H, D] contiguous; caches [slots, KVH, D] (their dtype may differ from q's: a float32 model with a
+    16-bit cache); page_table [B, max_pages] int64 -> out [B, H, D] in q's dtype. ``generic`` skips the
+    AVX-512 body (tests compare both)."""
     out = torch.empty_like(q)
     b, h, d = q.shape
     rc = lib.splitserve_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), page_table.data_ptr(),
         kv_lens.data_ptr(), b, h, k_cache.shape[1], d, page_size, page_table.shape[1], scale,
-        _DTYPE_CODES[q.dtype], torch.get_num_threads())
+        _DTYPE_CODES[q.dtype], _DTYPE_CODES[k_cache.dtype], torch.get_num_threads(), int(generic))
     if rc == -2:
         raise MemoryError("CPU decode kernel could not allocate its per-thread scratch")
     if rc != 0:

@@ -49,6 +49,9 @@ class TorchAttentionBackend(AttentionBackend):
         meta = self._meta
         assert meta is not None, "begin() must be called before forward()"
         k_cache, v_cache = self.pool.k(layer), self.pool.v(layer)
+        if k_cache.dtype != q.dtype:  # a narrower cache (--kv-cache-dtype): attend over what the cache keeps, so
+            k = k.to(k_cache.dtype)   # a chunk sees its own K/V as later chunks and decodes will
+            v = v.to(v_cache.dtype)
         k_cache.index_copy_(0, meta.out_slots, k)
         v_cache.index_copy_(0, meta.out_slots, v)
         out = torch.empty_like(q)
@@ -58,8 +61,8 @@ class TorchAttentionBackend(AttentionBackend):
                                         meta.decode_kv_lens, self.page_size, self.scale)
         elif nd:
             qd = q[:nd].unsqueeze(2)  # [B, H, 1, D]
-            kd = k_cache[self._decode_slots].transpose(1, 2)  # [B, KVH, L, D]
-            vd = v_cache[self._decode_slots].transpose(1, 2)
+            kd = k_cache[self._decode_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
+            vd = v_cache[self._decode_slots].to(q.dtype).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self._decode_mask, scale=self.scale,
                                                enable_gqa=True)
             out[:nd] = o.squeeze(2)
@@ -70,6 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 ke = k_cache[slots].transpose(0, 1)  # [KVH, L, D]
                 ve = v_cache[slots].transpose(0, 1)
+            ke, ve = ke.to(q.dtype), ve.to(q.dtype)  # no-ops unless the cache is narrower than the model
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=mask, is_causal=mask is None,
                                                scale=self.scale, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
