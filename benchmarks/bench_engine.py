@@ -31,15 +31,18 @@ def prompts_for(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def make_core(path: Path, dtype: str, threads: int, n: int, tokens: int, radix: bool = True) -> EngineCore:
+def make_core(path: Path, dtype: str, threads: int, n: int, tokens: int, radix: bool = True,
+              kv_cache_dtype: str = "auto") -> EngineCore:
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(path), dtype=dtype, num_threads=threads),
-        CacheConfig(max_total_tokens=n * tokens + 4096, disable_radix_cache=not radix),
+        CacheConfig(max_total_tokens=n * tokens + 4096, disable_radix_cache=not radix, kv_cache_dtype=kv_cache_dtype),
         SchedulerConfig(max_running_requests=n, chunked_prefill_size=512, max_prefill_tokens=4096)))
 
 
-def run_ours(path: Path, dtype: str, threads: int, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
-    core = make_core(path, dtype, threads, len(prompts), len(prompts[0]) + out_len, radix=False)
+def run_ours(path: Path, dtype: str, threads: int, prompts: list[list[int]], out_len: int,
+             kv_cache_dtype: str = "auto") -> dict[str, Any]:
+    core = make_core(path, dtype, threads, len(prompts), len(prompts[0]) + out_len, radix=False,
+                     kv_cache_dtype=kv_cache_dtype)
     greedy = dict(temperature=0.0, ignore_eos=True)
     # warm up on full-length prompts, so kernels compiled per shape (oneDNN) are not timed
     warm = [core.make_request(p, SamplingParams(max_new_tokens=2, **greedy), detokenize=False) for p in prompts[:2]]
@@ -193,6 +196,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["tiny", "150m"], choices=["tiny", "150m"])
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
     ap.add_argument("--baselines", nargs="*", default=["static", "cb"], choices=["static", "cb"])
+    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16"],
+                    help="also run our engine with these KV pool dtypes (auto = the model's); baselines run once")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
@@ -214,12 +219,21 @@ def main() -> None:
             prompts = prompts_for(args.num_requests, args.prompt_len, 4000)
             peak = floors["matmul_gflops_bf16_m64" if dtype == "bfloat16" else "matmul_gflops_f32_m512"]
             job_flops = 2 * (params or 0) * args.num_requests * (args.prompt_len + args.output_len)
+            def floors_for(kv: str) -> dict[str, float]:
+                return token_floors(floors, dtype, matmul_params, kv_token_bytes(path, dtype if kv == "auto" else kv),
+                                    args.num_requests, args.prompt_len + args.output_len / 2)
             base = {"model": name, "dtype": dtype, "params": params, "job_floor_s": job_flops / peak / 1e9,
-                    **token_floors(floors, dtype, matmul_params, kv_token_bytes(path, dtype), args.num_requests,
-                                   args.prompt_len + args.output_len / 2)}
-            ours = run_ours(path, dtype, args.threads, prompts, args.output_len)
-            rows.append({**base, "system": "splitserve", **ours})
-            print(f"{name} {dtype} splitserve: {ours}")
+                    **floors_for("auto")}
+            for kv in args.kv_cache_dtypes:
+                if kv == dtype:
+                    continue  # the same as auto
+                floors_kv = floors_for(kv)
+                ours = run_ours(path, dtype, args.threads, prompts, args.output_len, kv_cache_dtype=kv)
+                decode = ours["decode_tok_s_at_full_batch"]
+                ratio = decode / floors_kv["decode_floor_tok_s"] if decode and floors_kv else None
+                rows.append({**base, **floors_kv, "system": "splitserve" if kv == "auto" else f"splitserve kv={kv}",
+                             "kv_cache_dtype": kv, **ours, "decode_vs_floor": ratio})
+                print(f"{name} {dtype} {rows[-1]['system']}: {ours}")
             if "static" in args.baselines:
                 rows.append({**base, "system": "hf-static-16", **run_hf_static(path, dtype, prompts,
                                                                                args.output_len)})
@@ -229,8 +243,8 @@ def main() -> None:
                                                                                 args.output_len)})
                 print(rows[-1])
     print(table(rows, ["model", "dtype", "system", "wall_s", "output_tok_s", "prefill_tok_s",
-                       "decode_tok_s_at_full_batch", "decode_overhead_ms_at_full_batch", "job_floor_s",
-                       "prefill_floor_tok_s", "decode_floor_tok_s", "decode_floor_with_kv_tok_s"]))
+                       "decode_tok_s_at_full_batch", "decode_vs_floor", "decode_overhead_ms_at_full_batch",
+                       "job_floor_s", "prefill_floor_tok_s", "decode_floor_tok_s", "decode_floor_with_kv_tok_s"]))
     prefix = None if args.skip_prefix_reuse else prefix_reuse(args.threads)
     if prefix:
         print(f"prefix reuse TTFT: radix {prefix['radix'] * 1e3:.1f} ms, no radix {prefix['no_radix'] * 1e3:.1f} ms, "
