@@ -66,7 +66,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        # silu writes a fresh contiguous tensor: a prepacked down_proj would otherwise copy the strided half
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
-from engine.models.linear import can_prepack, prepack_linears
+from engine.models.linear import prepack_linears, should_prepack
 from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device,
-               prepack: bool = False) -> tuple[CausalLM, ArchConfig, torch.dtype]:
-    """``prepack``: reorder the linear weights for the CPU GEMM (engine/models/linear.py) where supported."""
+               prepack: str = "off") -> tuple[CausalLM, ArchConfig, torch.dtype]:
+    """``prepack``: auto/on/off, whether to reorder the linear weights for the CPU GEMM (models/linear.py)."""
     cfg = load_arch_config(model_dir)
     torch_dtype = resolve_dtype(dtype, cfg.torch_dtype, device)
     files = _weight_files(model_dir)
@@ -111,6 +111,6 @@ def load_model(model_dir: Path, dtype: str, device: torch.device,
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    if prepack and can_prepack(device, torch_dtype):
+    if should_prepack(prepack, device, torch_dtype):
         prepack_linears(model, model.embed_tokens.weight if cfg.tie_word_embeddings else None)
     return model, cfg, torch_dtype

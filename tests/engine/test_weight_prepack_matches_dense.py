@@ -1,7 +1,7 @@
 """Linear weights prepacked for the CPU GEMM (oneDNN's layout) give F.linear's results for every row count a
 step can have (one decode up to a prefill chunk), with and without bias, in float32 and bfloat16; the engine
-packs every linear layer (a tied LM head gets a packed copy, the embedding stays dense) unless
---no-weight-prepack, and greedy output is the same either way."""
+packs every linear layer (a tied LM head gets a packed copy, the embedding stays dense) with --weight-prepack
+on, only bfloat16 models with auto, none with off, and greedy output is the same either way."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,17 +46,28 @@ def test_prepack_replaces_every_linear_and_packs_a_tied_head() -> None:
     torch.testing.assert_close(model.lm_head(model.block(x)), before, rtol=1e-5, atol=1e-5)
 
 
-def _core(model_dir: Path, prepack: bool) -> EngineCore:
-    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), dtype="float32", weight_prepack=prepack),
+def _core(model_dir: Path, prepack: str, dtype: str = "float32") -> EngineCore:
+    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), dtype=dtype, weight_prepack=prepack),
                                    CacheConfig(page_size=4, max_total_tokens=4096)))
+
+
+def _packed(core: EngineCore) -> set[bool]:
+    return {isinstance(m, PackedLinear) for m in core.model.modules() if isinstance(m, (nn.Linear, PackedLinear))}
+
+
+def test_auto_packs_bfloat16_models_only(tiny_model_dir: Path) -> None:
+    assert _packed(_core(tiny_model_dir, "auto", "bfloat16")) == {True}
+    assert _packed(_core(tiny_model_dir, "auto", "float32")) == {False}
+    assert _packed(_core(tiny_model_dir, "off", "bfloat16")) == {False}
+    with pytest.raises(ValueError, match="--weight-prepack must be auto, on or off"):
+        _core(tiny_model_dir, "yes")
 
 
 def test_engine_output_is_the_same_with_and_without_prepacking(tiny_model_dir: Path) -> None:
     outputs = []
-    for prepack in (True, False):
+    for prepack in ("on", "off"):
         core = _core(tiny_model_dir, prepack)
-        linears = [m for m in core.model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
-        assert linears and all(isinstance(m, PackedLinear) == prepack for m in linears)
+        assert _packed(core) == {prepack == "on"}
         reqs = [core.make_request([5 + i, 17, 99, 3 * i + 40, 250, 7], SamplingParams(
             max_new_tokens=24, temperature=0.0, ignore_eos=True), detokenize=False) for i in range(4)]
         core.run_to_completion(reqs)
