@@ -115,8 +115,8 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
-                 "context=%d", self.model_dir, self.arch.architecture, self.dtype, kv_dtype, self.device, num_pages - 1, page,
-                 self.context_length)
+                 "context=%d", self.model_dir, self.arch.architecture, self.dtype, kv_dtype, self.device,
+                 num_pages - 1, page, self.context_length)
 
     # -- requests ----------------------------------------------------------------------------------------------
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams, rid: str | None = None,

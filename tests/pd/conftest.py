@@ -2,6 +2,7 @@
 router in PD mode in front of them, and a colocated server with the same settings as the reference."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +32,20 @@ def start_decode(model: Path, *extra: str, tokens: int = 16384) -> ServerProcess
                                            "--kv-quarantine", "0.5", *ENGINE, *TRANSFER, *extra])
 
 
-def start_colocated(model: Path, tokens: int = 16384) -> ServerProcess:
-    return ServerProcess("engine", ["--model-path", str(model), "--max-total-tokens", str(tokens), *ENGINE])
+def start_colocated(model: Path, *extra: str, tokens: int = 16384) -> ServerProcess:
+    return ServerProcess("engine", ["--model-path", str(model), "--max-total-tokens", str(tokens), *ENGINE, *extra])
 
 
 def start_router(prefill: ServerProcess, bport: int, decode: ServerProcess, *extra: str) -> ServerProcess:
     return ServerProcess("router.launch_router", [
         "--pd-disaggregation", "--prefill", prefill.url, str(bport), "--decode", decode.url,
         "--health-check-interval", "1", *extra])
+
+
+def metric_sum(url: str, name: str) -> float:
+    """The sum of a Prometheus counter's samples over all its labels, from ``url``'s /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
 def bootstrap(bport: int, room: int) -> dict:

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.pd.conftest import start_decode, start_prefill, wait_pool_idle
 from tests.pd.faults import pair
 
 
-def test_page_size_mismatch_names_the_field(tiny_model_dir: Path) -> None:
-    prefill, bport = start_prefill(tiny_model_dir)  # page size 4
-    decode = start_decode(tiny_model_dir, "--page-size", "8")
+@pytest.mark.parametrize("flags,field,values", [
+    (("--page-size", "8"), "page_size", ("4", "8")),
+    (("--kv-cache-dtype", "bfloat16"), "dtype", ("float32", "bfloat16")),
+], ids=["page-size", "kv-cache-dtype"])
+def test_layout_mismatch_names_the_field(tiny_model_dir: Path, flags: tuple[str, str], field: str,
+                                         values: tuple[str, str]) -> None:
+    prefill, bport = start_prefill(tiny_model_dir)  # page size 4, float32 KV
+    decode = start_decode(tiny_model_dir, *flags)
     try:
         prefill.wait_ready(), decode.wait_ready()
         p, d = pair(prefill, bport, decode, 401, list(range(10, 40)))
         d.wait()
         msg = d.body_out["error"]["message"]
-        assert d.status == 502 and "page_size" in msg and "4" in msg and "8" in msg, d.body_out
+        assert d.status == 502 and field in msg and all(v in msg for v in values), d.body_out
         p.wait()
         assert p.status != 200
         wait_pool_idle(prefill), wait_pool_idle(decode)

@@ -3,20 +3,14 @@ scattered KV pages cross through the decode worker's staging slots, and the outp
 token-identical to the colocated server's. Both pools go back to idle afterwards."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import httpx
 
-from tests.pd.conftest import start_colocated, start_decode, start_prefill, start_router, wait_pool_idle
+from tests.pd.conftest import metric_sum, start_colocated, start_decode, start_prefill, start_router, wait_pool_idle
 from tests.pd.test_pd_matches_colocated import LONG, SHORT, generate
 
 MOONCAKE = ["--transfer-backend", "mooncake", "--transfer-hostname", "127.0.0.1"]
-
-
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
 def test_pd_over_mooncake_is_token_identical_and_stages_pages(tiny_model_dir: Path) -> None:
@@ -33,10 +27,10 @@ def test_pd_over_mooncake_is_token_identical_and_stages_pages(tiny_model_dir: Pa
                 assert httpx.post(url + "/flush_cache", timeout=30).status_code == 200
             params = {"temperature": 0.0}
             assert generate(router.url, text, params) == generate(colocated.url, text, params)
-        staged = _metric(prefill.url, "splitserve_kv_transfer_staged_bytes_total")
-        sent = _metric(prefill.url, "splitserve_kv_transfer_bytes_total")
+        staged = metric_sum(prefill.url, "splitserve_kv_transfer_staged_bytes_total")
+        sent = metric_sum(prefill.url, "splitserve_kv_transfer_bytes_total")
         assert staged > 0 and staged <= sent  # the pages went through the staging slots
-        assert _metric(decode.url, "splitserve_kv_transfer_failures_total") == 0
+        assert metric_sum(decode.url, "splitserve_kv_transfer_failures_total") == 0
         wait_pool_idle(prefill)
         wait_pool_idle(decode)
     finally:
