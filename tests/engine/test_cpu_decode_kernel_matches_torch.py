@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
+from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel, decode_supported
 
 SHAPES = [(4, 4, 32), (8, 2, 64), (28, 4, 128), (32, 8, 128), (64, 8, 64), (16, 16, 64)]  # heads, kv heads, dim
 
@@ -42,3 +42,22 @@ def test_kernel_matches_sdpa(heads: int, kv_heads: int, dim: int, dtype: torch.d
                                              enable_gqa=True).squeeze(1)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         assert (out[b].float() - ref).abs().max().item() < tol, (b, n)
+
+
+def test_shapes_beyond_the_kernel_decode_through_torch(tiny_model_dir) -> None:  # noqa: ANN001
+    """A page size the kernel refuses (over 256 tokens) still serves: the backend takes the gather path."""
+    from engine.sampling_params import SamplingParams
+    from tests.engine.conftest import make_core
+
+    lib = decode_kernel()
+    if lib is not None:
+        assert decode_supported(lib, 64, 12, 4, 256) and not decode_supported(lib, 64, 12, 4, 512)
+    outputs = []
+    for page in (512, 4):
+        core = make_core(tiny_model_dir, page_size=page, max_total_tokens=2048)
+        assert (core.runner.backend._native is None) == (page == 512 or lib is None)
+        req = core.make_request(list(range(20, 60)), SamplingParams(max_new_tokens=12, temperature=0.0,
+                                                                    ignore_eos=True), detokenize=False)
+        core.run_to_completion([req])
+        outputs.append(req.output_ids)
+    assert outputs[0] == outputs[1]

@@ -366,12 +366,18 @@ static void attend_64(const Args *A, float *w, int b, int kv0, int kv1) { attend
 static void attend_128(const Args *A, float *w, int b, int kv0, int kv1) { attend(A, w, b, kv0, kv1, 128); }
 static void attend_any(const Args *A, float *w, int b, int kv0, int kv1, int hd) { attend(A, w, b, kv0, kv1, hd); }
 
+/* 1 when the kernel takes these shapes (callers use another path otherwise), else 0 */
+int splitserve_decode_supported(int head_dim, int num_heads, int num_kv_heads, int page_size) {
+    return head_dim >= 1 && head_dim <= MAX_HEAD_DIM && num_kv_heads >= 1 && num_heads % num_kv_heads == 0 &&
+           num_heads / num_kv_heads <= MAX_ROWS && page_size >= 1 && page_size <= MAX_PAGE;
+}
+
 int splitserve_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
                                 const int64_t *page_table, const int64_t *kv_lens, int batch, int num_heads,
                                 int num_kv_heads, int head_dim, int page_size, int max_pages, float scale,
                                 int dtype, int kv_dtype, int num_threads, int generic_only) {
-    if (head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > MAX_ROWS ||
-        page_size > MAX_PAGE || dtype < 0 || dtype > 2 || kv_dtype < 0 || kv_dtype > 2)
+    if (!splitserve_decode_supported(head_dim, num_heads, num_kv_heads, page_size) || dtype < 0 || dtype > 2 ||
+        kv_dtype < 0 || kv_dtype > 2)
         return -1;
     const Args A = {q, k_cache, v_cache, out, page_table, kv_lens, num_heads, num_heads / num_kv_heads,
                     page_size, max_pages, dtype, kv_dtype, (int64_t)num_kv_heads * head_dim, scale};

@@ -51,6 +51,8 @@ def _build() -> ctypes.CDLL | None:
     fn = lib.splitserve_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 4
+    lib.splitserve_decode_supported.restype = ctypes.c_int
+    lib.splitserve_decode_supported.argtypes = [ctypes.c_int] * 4
     return lib
 
 
@@ -64,6 +66,12 @@ def decode_kernel() -> ctypes.CDLL | None:
             except (OSError, subprocess.SubprocessError) as e:
                 log.warning("CPU decode kernel unavailable (using pure torch): %s", e)
     return _lib
+
+
+def decode_supported(lib: ctypes.CDLL, head_dim: int, num_heads: int, num_kv_heads: int, page_size: int) -> bool:
+    """Whether the kernel takes these shapes (head dim and page size up to 256, up to 128 query heads per kv head);
+    callers take the pure-torch path otherwise."""
+    return bool(lib.splitserve_decode_supported(head_dim, num_heads, num_kv_heads, page_size))
 
 
 def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from engine.mem.kv_pool import KVPool
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
-from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
+from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel, decode_supported
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -21,7 +21,11 @@ class TorchAttentionBackend(AttentionBackend):
         self._decode_slots = torch.empty(0, dtype=torch.long)
         self._decode_mask = torch.empty(0, dtype=torch.bool)
         self._extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
-        self._native = decode_kernel() if pool.data.device.type == "cpu" else None
+        native = decode_kernel() if pool.data.device.type == "cpu" else None
+        shape = pool.shape
+        if native is not None and not decode_supported(native, head_dim, num_heads, shape.num_kv_heads, self.page_size):
+            native = None  # shapes beyond the kernel's limits decode through the gather path
+        self._native = native
 
     def begin(self, meta: AttentionMeta) -> None:
         self._meta = meta
