@@ -61,7 +61,7 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device,
-               prepack: str = "off") -> tuple[CausalLM, ArchConfig, torch.dtype]:
+               prepack: str) -> tuple[CausalLM, ArchConfig, torch.dtype]:
     """``prepack``: auto/on/off, whether to reorder the linear weights for the CPU GEMM (models/linear.py)."""
     cfg = load_arch_config(model_dir)
     torch_dtype = resolve_dtype(dtype, cfg.torch_dtype, device)

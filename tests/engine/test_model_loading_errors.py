@@ -34,7 +34,7 @@ def test_missing_files_are_named(tiny_model_dir: Path, tmp_path: Path) -> None:
     d = copy_model(tiny_model_dir, tmp_path / "m")
     (d / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="no model.safetensors"):
-        load_model(d, "auto", __import__("torch").device("cpu"))
+        load_model(d, "auto", __import__("torch").device("cpu"), "auto")
 
 
 def test_missing_tensor_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_missing_tensor_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
     del tensors["model.layers.1.mlp.down_proj.weight"]
     save_file(tensors, d / "model.safetensors")
     with pytest.raises(ModelLoadError, match="layers.1.mlp.down_proj.weight"):
-        load_model(d, "auto", __import__("torch").device("cpu"))
+        load_model(d, "auto", __import__("torch").device("cpu"), "auto")
 
 
 def test_server_exits_nonzero_with_the_message(tmp_path: Path) -> None:
