@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,20 +86,28 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model()
 
 
-def run_cluster(model: Path, *decode_args: str, decode_tokens: int = 16384) -> Iterator[Cluster]:
-    """Start a cluster, yield it, stop it (the body of the cluster fixtures)."""
-    prefill, bport = start_prefill(model)
-    decode = start_decode(model, *decode_args, tokens=decode_tokens)
-    colocated = start_colocated(model)
+def run_cluster(model: Path, *decode_args: str, decode_tokens: int = 16384, flags: tuple[str, ...] = (),
+                worker_flags: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """Start a cluster, yield it, stop it (the body of the cluster fixtures). ``flags`` go to all three servers
+    (prefill, decode and the colocated reference), ``worker_flags`` to both workers, ``decode_args`` to the
+    decode worker only."""
+    prefill, bport = start_prefill(model, *flags, *worker_flags)
+    decode = start_decode(model, *flags, *worker_flags, *decode_args, tokens=decode_tokens)
+    colocated = start_colocated(model, *flags)
+    router = None
     try:
         for srv in (prefill, decode, colocated):
             srv.wait_ready()
         router = start_router(prefill, bport, decode).wait_ready(path="/readiness")
         yield Cluster(prefill, bport, decode, colocated, router)
-        router.stop()
     finally:
+        if router is not None:
+            router.stop()
         for srv in (prefill, decode, colocated):
             srv.stop()
+
+
+pd_cluster = contextmanager(run_cluster)  # the same cluster for a single test: ``with pd_cluster(...) as c:``
 
 
 @pytest.fixture(scope="module")
