@@ -1,0 +1,131 @@
+"""Interleaved A/B of engine settings on the decode step, plus the CPU decode-attention kernel alone.
+
+Single benchmark runs on a shared host move by 10-20%, more than most changes they are meant to judge. This
+one builds one engine per variant in the same process, brings each to a full batch in decode (the same
+prompts), then steps them alternately and reports each one's median decode step, so slow and fast phases of
+the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
+generic bodies on twelve layers' pools (K/V from DRAM) and on pages every sequence shares (compute only).
+
+    python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
+    python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
+    python -m benchmarks.bench_decode_ab --kernel
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bench_engine import DTYPES, prompts_for
+from benchmarks.common import machine, model_dir, table, write_json
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.engine_core import EngineCore
+from engine.sampling_params import SamplingParams
+
+
+def parse_variant(text: str) -> dict[str, Any]:
+    """``weight_prepack=on,kv_cache_dtype=bfloat16`` -> fields of ModelConfig / CacheConfig."""
+    pairs = dict(p.split("=", 1) for p in text.split(",") if p)
+    fields = {f.name: f for cls in (ModelConfig, CacheConfig) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(pairs) - set(fields))
+    if unknown:
+        raise SystemExit(f"unknown setting(s) {', '.join(unknown)}: use ModelConfig or CacheConfig field names")
+    kinds = {name: type(fields[name].default) for name in pairs}
+    return {k: (v.lower() in ("1", "true", "on") if kinds[k] is bool else kinds[k](v) if kinds[k] in (int, float)
+                else v) for k, v in pairs.items()}
+
+
+def decode_engine(model: str, dtype: str, threads: int, batch: int, context: int, steps: int,
+                  variant: dict[str, Any]) -> EngineCore:
+    """An engine with `batch` requests of `context` prompt tokens, stepped until all of them decode."""
+    mc = {k: v for k, v in variant.items() if k in {f.name for f in dataclasses.fields(ModelConfig)}}
+    cc = {k: v for k, v in variant.items() if k not in mc}
+    core = EngineCore(EngineConfig(
+        ModelConfig(model_path=str(model_dir(model)), dtype=dtype, num_threads=threads, **mc),
+        CacheConfig(max_total_tokens=batch * (context + steps + 8) + 4096, disable_radix_cache=True, **cc),
+        SchedulerConfig(max_running_requests=batch, chunked_prefill_size=512, max_prefill_tokens=4096)))
+    params = SamplingParams(max_new_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    reqs = [core.make_request(p, params, detokenize=False) for p in prompts_for(batch, context, 4000)]
+    for r in reqs:
+        core.add_request(r)
+    while any(not r.output_ids for r in reqs):
+        core.step()
+    return core
+
+
+def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
+    variants = [parse_variant(v) for v in args.variant] or [{}]
+    cores = [decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v)
+             for v in variants]
+    times: list[list[float]] = [[] for _ in cores]
+    for _ in range(args.steps):
+        for i, core in enumerate(cores):
+            start = time.perf_counter()
+            core.step()
+            times[i].append(time.perf_counter() - start)
+    base = statistics.median(times[0])
+    return [{"variant": args.variant[i] if args.variant else "default", "median_step_ms": 1e3 * statistics.median(t),
+             "p25_step_ms": 1e3 * statistics.quantiles(t, n=4)[0], "tok_s": args.batch / statistics.median(t),
+             "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
+
+
+def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
+
+    lib = decode_kernel()
+    if lib is None:
+        raise SystemExit("no C compiler: the native decode kernel is unavailable")
+    heads, kv_heads, dim, page, layers = 12, 4, 64, 16, 12  # the 150M model's attention
+    pages_per_seq = -(-args.context // page)
+    num_pages = args.batch * pages_per_seq + 1
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for q_dtype, kv_dtype in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                              (torch.bfloat16, torch.bfloat16)):
+        pools = [(torch.randn(num_pages * page, kv_heads, dim, generator=gen).to(kv_dtype),
+                  torch.randn(num_pages * page, kv_heads, dim, generator=gen).to(kv_dtype)) for _ in range(layers)]
+        scattered = (torch.randperm(num_pages - 1, generator=gen)[: args.batch * pages_per_seq] + 1)
+        tables = {"dram": scattered.reshape(args.batch, pages_per_seq),
+                  "hot": scattered[:pages_per_seq].expand(args.batch, pages_per_seq).contiguous()}
+        lens = torch.full((args.batch,), args.context, dtype=torch.int64)
+        q = torch.randn(args.batch, heads, dim, generator=gen).to(q_dtype)
+        row: dict[str, Any] = {"q/kv dtype": f"{q_dtype}/{kv_dtype}".replace("torch.", "")}
+        for generic in (False, True):
+            for name, tab in tables.items():
+                samples = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    for k, v in pools:
+                        decode_attention(lib, q, k, v, tab, lens, page, dim ** -0.5, generic=generic)
+                    samples.append((time.perf_counter() - start) / layers * 1e3)
+                row[f"{'generic' if generic else 'avx512'} {name} ms/layer"] = statistics.median(samples)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="150m", choices=["tiny", "150m"])
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--variant", action="append", default=[],
+                    help="comma-separated ModelConfig/CacheConfig settings, e.g. kv_cache_dtype=bfloat16 (repeat)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=512, help="prompt tokens per request")
+    ap.add_argument("--steps", type=int, default=40, help="decode steps timed per variant")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kernel", action="store_true", help="time the decode-attention kernel alone instead")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = run_kernel(args) if args.kernel else run_ab(args)
+    print(table(rows, list(rows[0])))
+    write_json(args.out, {"config": vars(args), "machine": machine(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
