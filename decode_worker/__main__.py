@@ -12,7 +12,7 @@ from engine.engine_core import EngineCore, resolve_device
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
 from engine.server.bootstrap import decode_prepare
-from engine.server.launch import configs_from_args, engine_parser, run, setup_logging
+from engine.server.launch import configs_from_args, engine_parser, exit_on_model_error, run, setup_logging
 from engine.server.serving import ServingContext
 from kv_transfer import (AuxBuffer, AuxLayout, DecodeTransferManager, KVLayout, SharedSegment, TransferMetrics,
                          add_transfer_flags, transfer_config_from_args)
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     worker = cfg.worker_id or f"decode-{socket.gethostname()}:{server_cfg.port}"
     shared = transfer_cfg.backend in ("auto", "shm") and resolve_device(engine_cfg.model.device).type == "cpu"
     memory = PoolMemory(shared, cfg.max_transfer_rooms)
-    core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None)
+    with exit_on_model_error("python -m decode_worker"):
+        core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None)
     metrics = EngineMetrics(core, role="decode")
     manager = DecodeTransferManager(transfer_cfg, KVLayout.packed(**core.pool.describe()), memory.aux_layout(), worker_id=worker,
                                     segments=[memory.segment] if memory.segment else [],

@@ -7,7 +7,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_core import EngineCore
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
-from engine.server.launch import configs_from_args, engine_parser, run, setup_logging
+from engine.server.launch import configs_from_args, engine_parser, exit_on_model_error, run, setup_logging
 from engine.server.serving import ServingContext
 
 log = logging.getLogger("engine")
@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     args = engine_parser("python -m engine", "SplitServe colocated server", 30000).parse_args(argv)
     server_cfg, engine_cfg = configs_from_args(args)
     setup_logging(server_cfg.log_level)
-    core = EngineCore(engine_cfg)
+    with exit_on_model_error("python -m engine"):
+        core = EngineCore(engine_cfg)
     metrics = EngineMetrics(core, role="colocated")
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics)
     log.info("serving %s on http://%s:%d", core.served_model_name, server_cfg.host, server_cfg.port)

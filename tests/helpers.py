@@ -49,6 +49,118 @@ def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool 
     return out
 
 
+GGUF_DIMS = dict(hidden=256, intermediate=512, layers=2, heads=4, kv_heads=2, vocab=256)  # K-quant rows: 256k
+# Where each K-quant block keeps its float16 scales (d, dmin), as gguf's dequantizer reads them.
+_K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def _gguf_tensor(rng, shape: tuple[int, ...], qtype: str):  # noqa: ANN001, ANN202
+    """Random data stored as ``qtype``: quantized with gguf's quantizer, or for K-quants (which gguf-py cannot
+    quantize) random blocks with sane float16 scales."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+    t = GGMLQuantizationType[qtype]
+    if qtype in _K_SCALES:
+        block, size = GGML_QUANT_SIZES[t]
+        raw = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // block, size), dtype=np.uint8)
+        scale = np.array([0.01], dtype=np.float16).view(np.uint8)
+        for off in _K_SCALES[qtype]:
+            raw[..., off:off + 2] = scale
+        return raw.reshape(*shape[:-1], -1), t
+    data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    return (data, t) if qtype == "F32" else (quants.quantize(data, t), t)
+
+
+def write_gguf(path: Path, arch: str = "llama", qtype: str = "Q8_0", *, tokenizer: bool = True, tie: bool = True,
+               seed: int = 0) -> Path:
+    """A small random GGUF of ``arch`` (llama | qwen2 | qwen3) whose matrices are stored as ``qtype`` (norms in
+    F32, as llama.cpp stores them), written with the gguf package's own writer."""
+    import numpy as np
+    from gguf import GGUFWriter
+    d = GGUF_DIMS
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(d["layers"])
+    w.add_context_length(1024)
+    w.add_embedding_length(d["hidden"])
+    w.add_feed_forward_length(d["intermediate"])
+    w.add_head_count(d["heads"])
+    w.add_head_count_kv(d["kv_heads"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    # Qwen3 keeps heads wider than hidden/heads (and transformers assumes its default of 128 for them)
+    head_dim = 128 if arch == "qwen3" else d["hidden"] // d["heads"]
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"<t{i}>" for i in range(d["vocab"])])
+        w.add_token_types([1] * d["vocab"])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    matrices = {"token_embd.weight": (d["vocab"], d["hidden"])}
+    if not tie:
+        matrices["output.weight"] = (d["vocab"], d["hidden"])
+    vectors = {"output_norm.weight": d["hidden"]}
+    for i in range(d["layers"]):
+        b = f"blk.{i}."
+        matrices |= {b + "attn_q.weight": (d["heads"] * head_dim, d["hidden"]),
+                     b + "attn_k.weight": (d["kv_heads"] * head_dim, d["hidden"]),
+                     b + "attn_v.weight": (d["kv_heads"] * head_dim, d["hidden"]),
+                     b + "attn_output.weight": (d["hidden"], d["heads"] * head_dim),
+                     b + "ffn_gate.weight": (d["intermediate"], d["hidden"]),
+                     b + "ffn_up.weight": (d["intermediate"], d["hidden"]),
+                     b + "ffn_down.weight": (d["hidden"], d["intermediate"])}
+        vectors |= {b + "attn_norm.weight": d["hidden"], b + "ffn_norm.weight": d["hidden"]}
+        if arch == "qwen2":
+            vectors |= {b + "attn_q.bias": d["heads"] * head_dim, b + "attn_k.bias": d["kv_heads"] * head_dim,
+                        b + "attn_v.bias": d["kv_heads"] * head_dim}
+        if arch == "qwen3":
+            vectors |= {b + "attn_q_norm.weight": head_dim, b + "attn_k_norm.weight": head_dim}
+    for name, shape in matrices.items():
+        data, t = _gguf_tensor(rng, shape, qtype)
+        w.add_tensor(name, data, raw_dtype=t)
+    for name, n in vectors.items():
+        w.add_tensor(name, (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def record_logits(core) -> dict[str, list]:  # noqa: ANN001 - an EngineCore
+    """Keep every sampled row's logits per request id (instrumentation around the engine's real runner)."""
+    seen: dict[str, list] = {}
+    forward = core.runner.forward
+
+    def wrapped(batch):  # noqa: ANN001, ANN202
+        logits, sampled = forward(batch)
+        for row, seq in zip(logits, sampled):
+            seen.setdefault(seq.req.rid, []).append(row.clone())
+        return logits, sampled
+    core.runner.forward = wrapped
+    return seen
+
+
+def check_against_reference(model, req, logits: list, tol: float) -> float:  # noqa: ANN001
+    """``req``'s sampled logits equal the transformers ``model``'s on the same tokens within ``tol`` (max abs), and
+    its greedy output equals ``model.generate``'s; returns the largest difference."""
+    import torch
+    seq = req.prompt_ids + req.output_ids
+    with torch.no_grad():
+        ref = model(torch.tensor([seq[:-1]])).logits[0]
+    start = len(req.prompt_ids) - 1
+    assert len(logits) == len(req.output_ids)
+    diff = (torch.stack(logits) - ref[start:start + len(logits)]).abs().max().item()
+    assert diff <= tol, f"{req.rid}: max abs logit diff {diff:.2e} > {tol}"
+    with torch.no_grad():
+        expect = model.generate(torch.tensor([req.prompt_ids]), max_new_tokens=len(req.output_ids),
+                                do_sample=False, pad_token_id=0)[0, len(req.prompt_ids):].tolist()
+    assert req.output_ids == expect, f"{req.rid}: greedy output differs from model.generate"
+    return diff
+
+
 class ServerProcess:
     """A server (``python -m engine`` or a worker role) as a real child process on 127.0.0.1."""
 

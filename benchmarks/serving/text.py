@@ -105,7 +105,7 @@ def resolve_tokenizer(flag: str | None, base_url: str, headers: dict[str, str], 
         return TokenizerChoice(load_tokenizer(flag), "flag", flag)
     try:
         info = json.loads(fetch_text(base_url.rstrip("/") + "/get_model_info", headers, timeout))
-        path = info.get("model_path") or info.get("tokenizer_path")
+        path = info.get("tokenizer_path") or info.get("model_path")
     except (OSError, ValueError, AttributeError):
         path = None
     if isinstance(path, str) and Path(path).is_dir():

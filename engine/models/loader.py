@@ -1,9 +1,11 @@
-"""Load a Llama/Qwen2/Qwen3 checkpoint from a local Hugging Face folder (single or sharded safetensors)."""
+"""Load a Llama/Qwen2/Qwen3 checkpoint: a local Hugging Face folder (single or sharded safetensors), or a GGUF file
+(models/gguf.py) whose converted config sits in ``model_dir`` (models/source.py)."""
 from __future__ import annotations
 
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,18 +62,27 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_dir: Path, dtype: str, device: torch.device,
-               prepack: str) -> tuple[CausalLM, ArchConfig, torch.dtype]:
-    """``prepack``: auto/on/off, whether to reorder the linear weights for the CPU GEMM (models/linear.py)."""
+def _checkpoint_tensors(model_dir: Path, gguf: Path | None) -> Iterator[tuple[str, torch.Tensor]]:
+    if gguf is None:
+        return _iter_tensors(_weight_files(model_dir))
+    from engine.models.gguf import GGUFCheckpoint
+    return GGUFCheckpoint(gguf).tensors()
+
+
+def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
+               gguf: Path | None = None) -> tuple[CausalLM, ArchConfig, torch.dtype]:
+    """``prepack``: auto/on/off, whether to reorder the linear weights for the CPU GEMM (models/linear.py);
+    ``gguf``: read the weights from this GGUF file (dequantized) instead of ``model_dir``'s safetensors."""
+    start = time.monotonic()
     cfg = load_arch_config(model_dir)
     torch_dtype = resolve_dtype(dtype, cfg.torch_dtype, device)
-    files = _weight_files(model_dir)
+    tensors = _checkpoint_tensors(model_dir, gguf)
     with torch.device("meta"):
         model = CausalLM(cfg)
     params = dict(model.named_parameters())
     loaded: dict[str, torch.Tensor] = {}
     pieces: dict[str, dict[int, torch.Tensor]] = {}
-    for name, tensor in _iter_tensors(files):
+    for name, tensor in tensors:
         if "rotary_emb" in name:
             continue
         key = name[len("model."):] if name.startswith("model.") and not name.startswith("model.layers.") else name
@@ -113,4 +124,6 @@ def load_model(model_dir: Path, dtype: str, device: torch.device,
         p.requires_grad_(False)
     if should_prepack(prepack, device, torch_dtype):
         prepack_linears(model, model.embed_tokens.weight if cfg.tie_word_embeddings else None)
+    log.info("loaded %s weights from %s as %s in %.1f s", cfg.architecture, gguf or model_dir,
+             str(torch_dtype).replace("torch.", ""), time.monotonic() - start)
     return model, cfg, torch_dtype

@@ -58,16 +58,26 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
             return error_response(503, f"no token within {server_cfg.health_generate_timeout}s", "unhealthy")
         return JSONResponse({"status": "ok"})
 
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(ctx.started), "owned_by": "splitserve",
+                "root": str(ctx.core.source.path), "max_model_len": ctx.core.context_length}
+
     @app.get("/v1/models")
     async def models() -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": ctx.core.served_model_name, "object": "model", "created": int(ctx.started),
-            "owned_by": "splitserve", "root": str(ctx.core.model_dir), "max_model_len": ctx.core.context_length}]})
+        return JSONResponse({"object": "list", "data": [model_card(n) for n in ctx.core.served_model_names]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        if model_id not in ctx.core.served_model_names:
+            return error_response(404, f"model {model_id!r} is not served here; this server serves "
+                                       f"{ctx.core.served_model_name!r}", "model_not_found", "model")
+        return JSONResponse(model_card(model_id))
 
     @app.get("/get_model_info")
     async def model_info() -> Response:
         core = ctx.core
-        return JSONResponse({"model_path": str(core.model_dir), "served_model_name": core.served_model_name,
+        return JSONResponse({"model_path": str(core.source.path), "tokenizer_path": str(core.model_dir),
+                             "served_model_name": core.served_model_name,
                              "architecture": core.arch.architecture, "is_generation": True,
                              "context_length": core.context_length, "vocab_size": core.arch.vocab_size,
                              "dtype": str(core.dtype).replace("torch.", "")})

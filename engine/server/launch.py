@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Callable, Iterator
 
 import uvicorn
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 
 from engine.cli_args import add_dataclass_args, dataclass_from_args
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
+from engine.models.config import ModelLoadError
 
 
 def engine_parser(prog: str, description: str, default_port: int) -> argparse.ArgumentParser:
@@ -31,6 +33,17 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     return dataclass_from_args(ServerConfig, args), EngineConfig(
         model=dataclass_from_args(ModelConfig, args), cache=dataclass_from_args(CacheConfig, args),
         scheduler=dataclass_from_args(SchedulerConfig, args))
+
+
+@contextlib.contextmanager
+def exit_on_model_error(prog: str) -> Iterator[None]:
+    """A model we cannot serve ends the process at start with status 2 and one line naming what is wrong
+    (and what is supported), not a traceback."""
+    try:
+        yield
+    except ModelLoadError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def setup_logging(level: str) -> None:

@@ -37,7 +37,7 @@ class ServingContext:
 
     def check_model(self, name: str | None) -> None:
         served = self.core.served_model_name
-        if name is not None and name not in (served, str(self.core.model_dir)):
+        if name is not None and name not in (*self.core.served_model_names, str(self.core.source.path)):
             raise APIError(400, f"model {name!r} is not served here; this server serves {served!r}",
                            "model_not_found", "model")
 

@@ -51,7 +51,7 @@ def test_ray_launcher_serves_and_survives_a_killed_decode_actor(ray_head: RayHea
 
     launcher = LineReader([sys.executable, "-m", "deploy.ray.launch", "--address", ray_head.address,
                            "--namespace", NAMESPACE, "--prefill", "1", "--decode", "1", "--port", "0",
-                           "--num-cpus-per-worker", "1", f"--worker-args={SMALL_WORKERS}"],
+                           "--num-cpus-per-worker", "1", "--model-path", "tiny", f"--worker-args={SMALL_WORKERS}"],
                           tmp_path / "launcher.out", env=ray_head.env)
     try:
         router = launcher.wait_for(r"SplitServe is ready on Ray: router at (http://\S+)", 300).group(1)

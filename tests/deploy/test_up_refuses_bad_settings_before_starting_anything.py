@@ -28,7 +28,7 @@ def test_a_taken_router_port_is_refused(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("flags, message", [
     (["--decode", "0"], "--prefill and --decode must each be at least 1"),
     (["--port", "70000"], "--port 70000 is not a port number"),
-    (["--model-path", "/nonexistent/model"], "--model-path /nonexistent/model: no such folder"),
+    (["--model-path", "/nonexistent/model"], "--model-path /nonexistent/model: no such file or folder"),
 ])
 def test_bad_values_name_the_flag(tmp_path, capsys, flags: list[str], message: str) -> None:
     code, err = up(tmp_path, capsys, "--port", "0", *flags)

@@ -18,7 +18,7 @@ def death_report(up, name: str, pid: int, start: int) -> None:
 
 
 def test_restart_brings_a_killed_decode_worker_back(up_factory) -> None:
-    up = up_factory("--restart")
+    up = up_factory("--restart", "--model-path", "tiny")
     router = up.wait_ready()
     old = up.pid_of("decode-0")
     old_url = next(p["url"] for p in up.state()["processes"] if p["name"] == "decode-0")
@@ -44,7 +44,7 @@ def test_restart_brings_a_killed_decode_worker_back(up_factory) -> None:
 
 
 def test_without_restart_losing_the_only_decode_worker_stops_everything(up_factory) -> None:
-    up = up_factory()
+    up = up_factory("--model-path", "tiny")
     up.wait_ready()
     tree = children_of(up.proc.pid)
     victim = up.pid_of("decode-0")

@@ -1,4 +1,5 @@
-"""``splitserve up`` end to end: the cluster comes up on free ports, the printed curl and openai examples work as
+"""``splitserve up`` end to end, on the default model (the README's first command): the cluster comes up on free
+ports serving SmolLM2-135M-Instruct, which answers a real question sensibly, the printed curl and openai examples work as
 pasted, chat completions (streamed and not) go through the router with the real ``openai`` client, every process
 logs to the terminal with its prefix and to its own file, and SIGINT stops the whole process tree with status 0."""
 from __future__ import annotations
@@ -35,9 +36,14 @@ def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
     ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
 
-    # The openai client, streamed and not.
+    # The openai client, streamed and not, on the real default model.
     client = OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
+    assert model == "SmolLM2-135M-Instruct"
+    capital = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24,
+        temperature=0)
+    assert "Paris" in capital.choices[0].message.content and capital.choices[0].finish_reason == "stop"
     messages = [{"role": "user", "content": "Tell me about prefill and decode."}]
     plain = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
     assert plain.choices[0].message.content and plain.usage.completion_tokens <= 12

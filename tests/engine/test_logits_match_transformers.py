@@ -15,7 +15,7 @@ from engine.engine_core import EngineCore
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_core
-from tests.helpers import write_hf_checkpoint
+from tests.helpers import check_against_reference, record_logits, write_hf_checkpoint
 
 VARIANTS = {
     "llama": dict(arch="llama"),
@@ -47,38 +47,9 @@ def reference(checkpoint: Path):
     return model.eval()
 
 
-def record_logits(core: EngineCore) -> dict[str, list[torch.Tensor]]:
-    """Keep every sampled row's logits per request (instrumentation around the real runner)."""
-    seen: dict[str, list[torch.Tensor]] = {}
-    forward = core.runner.forward
-
-    def wrapped(batch):  # noqa: ANN001, ANN202
-        logits, sampled = forward(batch)
-        for row, seq in zip(logits, sampled):
-            seen.setdefault(seq.req.rid, []).append(row.clone())
-        return logits, sampled
-    core.runner.forward = wrapped  # type: ignore[method-assign]
-    return seen
-
-
 def greedy(core: EngineCore, prompt: list[int], rid: str) -> Request:
     return core.make_request(prompt, SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
                              rid=rid, detokenize=False)
-
-
-def check_against_reference(model, req: Request, logits: list[torch.Tensor]) -> None:  # noqa: ANN001
-    seq = req.prompt_ids + req.output_ids
-    with torch.no_grad():
-        ref = model(torch.tensor([seq[:-1]])).logits[0]
-    start = len(req.prompt_ids) - 1
-    assert len(logits) == len(req.output_ids)
-    ours = torch.stack(logits)
-    diff = (ours - ref[start:start + len(logits)]).abs().max().item()
-    assert diff <= TOL, f"{req.rid}: max abs logit diff {diff:.2e} > {TOL}"
-    with torch.no_grad():
-        expect = model.generate(torch.tensor([req.prompt_ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                pad_token_id=0)[0, len(req.prompt_ids):].tolist()
-    assert req.output_ids == expect, f"{req.rid}: greedy output differs from model.generate"
 
 
 def test_mixed_batch_with_chunked_prefill_and_cached_prefixes(checkpoint: Path, reference) -> None:  # noqa: ANN001
@@ -96,5 +67,5 @@ def test_mixed_batch_with_chunked_prefill_and_cached_prefixes(checkpoint: Path, 
     core.run_to_completion(second)
     assert all((r.cached_tokens or 0) >= 20 for r in second), [r.cached_tokens for r in second]
     for req in first + second:
-        check_against_reference(reference, req, seen[req.rid])
+        check_against_reference(reference, req, seen[req.rid], TOL)
     core.check_integrity()

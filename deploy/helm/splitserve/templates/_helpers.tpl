@@ -64,10 +64,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- .Values.model.pvc.claimName | default (printf "%s-model" (include "splitserve.fullname" .)) -}}
 {{- end -}}
 
-{{/* The --model-path flag (nothing for the built-in tiny model). */}}
+{{/* The --model-path flag (nothing for the default model, "tiny" for the built-in tiny model). */}}
 {{- define "splitserve.modelArgs" -}}
-{{- if ne .Values.model.source "builtin" }}
-- --model-path={{ trimSuffix "/" .Values.model.mountPath }}/{{ required "model.path is required unless model.source is builtin" .Values.model.path }}
+{{- if eq .Values.model.source "tiny" }}
+- --model-path=tiny
+{{- else if ne .Values.model.source "builtin" }}
+- --model-path={{ trimSuffix "/" .Values.model.mountPath }}/{{ required "model.path is required unless model.source is builtin or tiny" .Values.model.path }}
 {{- end }}
 {{- with .Values.model.servedModelName }}
 - --served-model-name={{ . }}
@@ -103,7 +105,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
   command: {{- required "model.init.command is required when model.source is init" $m.init.command | toYaml | nindent 4 }}
   env:
     - name: MODEL_DIR
-      value: {{ trimSuffix "/" $m.mountPath }}/{{ required "model.path is required unless model.source is builtin" $m.path }}
+      value: {{ trimSuffix "/" $m.mountPath }}/{{ required "model.path is required unless model.source is builtin or tiny" $m.path }}
     {{- with $m.init.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -1,0 +1,60 @@
+"""The colocated server on its default model (no --model-path: SmolLM2-135M-Instruct), driven by the real
+``openai`` client: /v1/models lists the served name and its alias, a real question gets a sensible answer that
+stops at ``<|im_end|>`` with finish_reason ``stop`` and no stop token in the text (streamed the same), and the
+chat prompt the server renders is transformers' ``apply_chat_template``."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import ServerProcess
+from tests.real_model.conftest import SERVED_NAME
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def client(srv: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_default_model_and_its_aliases(smollm2_server: ServerProcess, smollm2) -> None:  # noqa: ANN001
+    c = client(smollm2_server)
+    assert [m.id for m in c.models.list().data] == [SERVED_NAME, "smollm2"]
+    assert c.models.retrieve(SERVED_NAME).id == SERVED_NAME
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gpt-4")
+    info = httpx.get(smollm2_server.url + "/get_model_info", timeout=10).json()
+    assert info["model_path"] == str(smollm2.gguf) and info["tokenizer_path"] == str(smollm2.folder)
+    assert info["architecture"] == "LlamaForCausalLM" and info["vocab_size"] == 49152
+    # The alias is accepted in requests; another name gets the 400 naming the model.
+    assert c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2).choices
+    with pytest.raises(openai.BadRequestError, match="not served here"):
+        c.chat.completions.create(model="gpt-4", messages=QUESTION, max_tokens=2)
+
+
+def test_a_real_question_gets_a_real_answer_that_stops_at_im_end(smollm2_server: ServerProcess,
+                                                                 hf_tokenizer) -> None:  # noqa: ANN001
+    c = client(smollm2_server)
+    reply = c.chat.completions.create(model=SERVED_NAME, messages=QUESTION, max_tokens=48, temperature=0)
+    choice = reply.choices[0]
+    assert "Paris" in choice.message.content and choice.finish_reason == "stop"
+    assert "<|im_end|>" not in choice.message.content and "<|im_start|>" not in choice.message.content
+    rendered = hf_tokenizer.apply_chat_template(QUESTION, tokenize=True, add_generation_prompt=True)
+    rendered = rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered
+    assert reply.usage.prompt_tokens == len(rendered)
+    assert reply.usage.completion_tokens < 48
+    chunks = list(c.chat.completions.create(model=SERVED_NAME, messages=QUESTION, max_tokens=48, temperature=0,
+                                            stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == choice.message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+
+
+def test_generate_renders_the_same_tokens_as_transformers(smollm2_server: ServerProcess,
+                                                          hf_tokenizer) -> None:  # noqa: ANN001
+    """/generate with text: the server tokenizes as transformers does, and decodes its own output ids."""
+    text = "The three primary colors are"
+    r = httpx.post(smollm2_server.url + "/generate", timeout=120, json={
+        "text": text, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}).json()
+    assert r["meta_info"]["prompt_tokens"] == len(hf_tokenizer.encode(text))
+    assert r["text"] == hf_tokenizer.decode(r["output_ids"], skip_special_tokens=True)
