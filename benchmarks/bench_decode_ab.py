@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from benchmarks.bench_engine import DTYPES, prompts_for
-from benchmarks.common import machine, model_dir, table, write_json
+from benchmarks.common import BENCH_MODELS, machine, model_dir, table, write_json
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="150m", choices=["tiny", "150m"])
+    ap.add_argument("--model", default="150m", choices=list(BENCH_MODELS))
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
     ap.add_argument("--variant", action="append", default=[],
                     help="comma-separated ModelConfig/CacheConfig settings, e.g. kv_cache_dtype=bfloat16 (repeat)")

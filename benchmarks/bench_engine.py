@@ -6,11 +6,11 @@ machine's floors (matmul GFLOP/s, copy GB/s measured now), decode CPU overhead p
 batch 64, and prefix reuse (TTFT with the radix cache vs --disable-radix-cache on a shared system prompt).
 
     python -m benchmarks.bench_engine --models tiny 150m --dtypes float32 bfloat16
+    python -m benchmarks.bench_engine --models smollm2 --dtypes float32 bfloat16   # the real default model
 """
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import copy_gbps, machine, matmul_gflops, model_dir, table, write_json
+from benchmarks.common import (BENCH_MODELS, copy_gbps, hf_model, machine, matmul_gflops, model_config, model_dir, table,
+                               write_json)
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
@@ -93,9 +94,7 @@ def run_ours(path: Path, dtype: str, threads: int, prompts: list[list[int]], out
 
 
 def run_hf_static(path: Path, dtype: str, prompts: list[list[int]], out_len: int, batch: int = 16) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    model = hf_model(path, DTYPES[dtype])
     model.generation_config.eos_token_id = None
     groups = [torch.tensor(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
     with torch.no_grad():
@@ -114,9 +113,9 @@ def run_hf_static(path: Path, dtype: str, prompts: list[list[int]], out_len: int
 
 
 def run_hf_cb(path: Path, dtype: str, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    model = hf_model(path, DTYPES[dtype])
     cfg = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
     t = time.perf_counter()
     with torch.no_grad():
@@ -147,6 +146,11 @@ def prefix_reuse(threads: int, system_len: int = 2000, suffix_len: int = 100, n:
 
 def count_params(path: Path) -> tuple[int | None, int | None]:
     """All parameters, and those that take part in matmuls (all but the input embedding, which is a lookup)."""
+    if path.suffix == ".gguf":
+        from gguf import GGUFReader
+        shapes = {t.name: int(t.n_elements) for t in GGUFReader(str(path)).tensors}
+        total = sum(shapes.values())
+        return total, total - shapes["token_embd.weight"] if "output.weight" in shapes else total
     files = sorted(path.glob("*.safetensors"))
     if not files:
         return None, None
@@ -167,7 +171,7 @@ def count_params(path: Path) -> tuple[int | None, int | None]:
 
 def kv_token_bytes(path: Path, dtype: str) -> int:
     """Bytes of K and V one token keeps in the cache, over all layers."""
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = model_config(path)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     return cfg["num_hidden_layers"] * 2 * cfg.get("num_key_value_heads", heads) * head_dim * DTYPES[dtype].itemsize
@@ -193,7 +197,7 @@ def token_floors(floors: dict[str, float], dtype: str, matmul_params: int | None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["tiny", "150m"], choices=["tiny", "150m"])
+    ap.add_argument("--models", nargs="+", default=["tiny", "150m"], choices=list(BENCH_MODELS))
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
     ap.add_argument("--baselines", nargs="*", default=["static", "cb"], choices=["static", "cb"])
     ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], choices=["auto", "bfloat16"],

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Process, machine, metric_total, model_dir, table, write_json
+from benchmarks.common import BENCH_MODELS, Process, machine, metric_total, model_dir, table, write_json
 
 THREADS = 2
 
@@ -84,7 +84,7 @@ def chat_bytes(model: Path, args: argparse.Namespace, out_dir: Path) -> dict[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", choices=["tiny", "150m"])
+    ap.add_argument("--model", default="tiny", choices=list(BENCH_MODELS))
     ap.add_argument("--rate", type=float, default=2.0, help="requests/s of the interference workload")
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--long-prompt-len", type=int, default=4000)

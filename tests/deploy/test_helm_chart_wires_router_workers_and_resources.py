@@ -124,3 +124,15 @@ def test_autoscaling_hands_replicas_to_the_hpa_and_the_chart_keeps_the_key_in_a_
     secret = find(docs, "Secret")
     assert base64.b64decode(secret["data"]["api-key"]).decode() == "change-me"
     assert find(docs, "Service", "-router")["spec"]["ports"][0]["nodePort"] == 30080
+
+
+@pytest.mark.parametrize("source, flag", [("builtin", None), ("tiny", "--model-path=tiny")])
+def test_built_in_model_sources_need_no_volume(source: str, flag: str | None) -> None:
+    """builtin serves the default model the image carries (no --model-path), tiny the random test model."""
+    docs = render(None, f"model.source={source}")
+    for role in ("prefill", "decode"):
+        dep = find(docs, "Deployment", f"-{role}")
+        args = [a for a in container(dep, role)["args"] if a.startswith("--model-path")]
+        assert args == ([flag] if flag else [])
+        assert not [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "model"]
+        assert not [m for m in container(dep, role)["volumeMounts"] if m["name"] == "model"]
