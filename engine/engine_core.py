@@ -211,13 +211,36 @@ class EngineCore:
         return out
 
     def _run_batch(self, batch: ScheduledBatch) -> list[StepOutput]:
+        """Forward, sample, update, detokenize. A forward failure fails the step (the caller aborts what ran); a
+        failure that belongs to one request (its sampling, its detokenization or stop strings) fails that request
+        alone with a 500 naming the stage, and the rest of the batch goes on."""
         self.num_steps += 1
         logits, sampled = self.runner.forward(batch)
         reqs = [s.req for s in sampled]
-        tokens, logprobs = sample(logits, reqs, self.generator) if reqs else ([], [])
-        produced = self.scheduler.update(batch, dict(zip(reqs, tokens)))
+        errors: dict[int, Exception] = {}
+        with torch.inference_mode():  # the logits are inference tensors: penalties update them in place
+            tokens, logprobs = sample(logits, reqs, self.generator, errors) if reqs else ([], [])
+        outputs = [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items()]
+        produced = self.scheduler.update(batch, {r: t for i, (r, t) in enumerate(zip(reqs, tokens))
+                                                 if i not in errors})
         lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}
-        return [self.token_output(req, lp_of.get(req)) for req in produced]
+        for req in produced:
+            try:
+                outputs.append(self.token_output(req, lp_of.get(req)))
+            except Exception as e:  # noqa: BLE001 - this request's text, not the batch's
+                outputs.append(self.fail_request(req, "detokenization", e))
+        return outputs
+
+    def fail_request(self, req: Request, stage: str, error: Exception) -> StepOutput:
+        """End one request with a 500 that names the stage that failed; its pages are released as on abort."""
+        log.error("request %s failed in %s: %s: %s", req.rid, stage, type(error).__name__, error,
+                  exc_info=error)
+        reason = Abort(500, f"this request failed in {stage}: {type(error).__name__}: {error}")
+        out = self.abort(req.rid, reason)
+        if out is None:  # it had already finished this step: report the failure instead of its end
+            req.finish_reason, req.finish_detail = "abort", reason
+            out = StepOutput(req, finished=True)
+        return out
 
     def run_to_completion(self, reqs: list[Request], max_steps: int = 100_000) -> None:
         """Add ``reqs`` and step until all finish (for tests and offline use)."""

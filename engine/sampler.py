@@ -1,12 +1,18 @@
 """Sampling: pure functions from a step's logits and its requests' parameters to next tokens.
 
 Order per row: raw log-probabilities (for ``logprobs``) -> penalties (repetition on prompt+output, frequency and
-presence on output) -> greedy argmax, or temperature -> top-k / top-p / min-p filtering -> an exponential race
-(argmax of p / E with E ~ Exp(1), which samples from p). A request with a seed draws E from a generator seeded
-by (seed, output position), so its tokens do not depend on batching, preemption or which worker runs the step."""
+presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) -> greedy argmax, or temperature
+-> top-k / top-p / min-p filtering -> an exponential race (argmax of p / E with E ~ Exp(1), which samples from p).
+A request with a seed draws E from a generator seeded by (seed, output position), so its tokens do not depend on
+batching, preemption or which worker runs the step.
+
+One request never fails another: the per-row work (penalties, bias, seeded noise, logprobs) runs row by row, and
+a row that raises is reported in ``errors`` (its token is -1) while every other row is sampled as usual; the
+batched work (softmax, filtering, argmax) does not depend on what a request asked for."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,22 +49,33 @@ class TokenLogprob:
         return cls(token, logprob, [(int(t), float(v)) for t, v in top])
 
 
-def apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
-    """In place, only rows whose request asks for a penalty."""
-    for row, req in enumerate(reqs):
-        sp = req.sampling
-        if not sp.needs_penalties:
+def adjust_row(x: torch.Tensor, req: Request) -> None:
+    """Penalties, then logit_bias, in place on one row of logits."""
+    sp = req.sampling
+    if sp.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(req.prompt_ids) | set(req.output_ids)), dtype=torch.long, device=x.device)
+        vals = x[seen]
+        x[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
+        out = torch.tensor(req.output_ids, dtype=torch.long, device=x.device)
+        counts = torch.bincount(out, minlength=x.shape[0]).to(x.dtype)
+        x -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(x.dtype)
+    if sp.logit_bias:
+        ids = torch.tensor(list(sp.logit_bias), dtype=torch.long, device=x.device)
+        x[ids] += torch.tensor(list(sp.logit_bias.values()), dtype=x.dtype, device=x.device)
+
+
+def _per_row(rows: list[int], fn: Callable[[int], None], errors: dict[int, Exception] | None) -> None:
+    """``fn(row)`` for each row; with ``errors`` a row that raises is recorded there instead of raising."""
+    for row in rows:
+        if errors is not None and row in errors:
             continue
-        x = logits[row]
-        if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(req.prompt_ids) | set(req.output_ids)), dtype=torch.long,
-                                device=x.device)
-            vals = x[seen]
-            x[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
-        if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
-            out = torch.tensor(req.output_ids, dtype=torch.long, device=x.device)
-            counts = torch.bincount(out, minlength=x.shape[0]).to(x.dtype)
-            x -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(x.dtype)
+        try:
+            fn(row)
+        except Exception as e:  # noqa: BLE001 - one request's failure, reported for that request alone
+            if errors is None:
+                raise
+            errors[row] = e
 
 
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -76,17 +93,18 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
 
 
 def _exponential(rows: list[int], reqs: list[Request], vocab: int, device: torch.device,
-                 shared: torch.Generator) -> torch.Tensor:
+                 shared: torch.Generator, errors: dict[int, Exception] | None) -> torch.Tensor:
     noise = torch.empty(len(rows), vocab, device=device)
     unseeded = [i for i, r in enumerate(rows) if reqs[r].seed is None]
     if unseeded:
         noise[unseeded] = torch.empty(len(unseeded), vocab, device=device).exponential_(generator=shared)
-    for i, r in enumerate(rows):
-        req = reqs[r]
-        if req.seed is not None:
-            g = torch.Generator(device=device)
-            g.manual_seed(step_seed(req.seed, len(req.output_ids)))
-            noise[i].exponential_(generator=g)
+    where = {r: i for i, r in enumerate(rows)}
+
+    def seeded(r: int) -> None:
+        g = torch.Generator(device=device)
+        g.manual_seed(step_seed(reqs[r].seed, len(reqs[r].output_ids)))
+        noise[where[r]].exponential_(generator=g)
+    _per_row([r for r in rows if reqs[r].seed is not None], seeded, errors)
     return noise
 
 
@@ -98,12 +116,15 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator
-           ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """logits: [len(reqs), V] float32 (modified in place). Returns next tokens and, where asked, logprobs."""
+def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
+           errors: dict[int, Exception] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+    """logits: [len(reqs), V] float32 (modified in place). Returns next tokens and, where asked, logprobs.
+    With ``errors`` given, a row whose request made its own sampling fail is recorded there (token -1, no
+    logprobs) and the other rows are unaffected; without it the first such failure raises."""
     want_lp = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
     raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
-    apply_penalties(logits, reqs)
+    _per_row([i for i, r in enumerate(reqs) if r.sampling.adjusts_logits],
+             lambda i: adjust_row(logits[i], reqs[i]), errors)
     tokens = row_argmax(logits)
     rows = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
     if rows:
@@ -117,17 +138,22 @@ def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator
             top_p = torch.tensor([sp.top_p for sp in sps], device=device)
             min_p = torch.tensor([sp.min_p for sp in sps], device=device)
             probs = filter_probs(probs, top_k, top_p, min_p)
-        noise = _exponential(rows, reqs, probs.shape[-1], device, shared)
+        noise = _exponential(rows, reqs, probs.shape[-1], device, shared, errors)
         tokens[rows] = row_argmax(probs / noise)
     token_list = tokens.tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_lp is not None:
-        for j, i in enumerate(want_lp):
+        lp_row = {i: j for j, i in enumerate(want_lp)}
+
+        def record(i: int) -> None:
             k = reqs[i].sampling.logprobs or 0
-            row = raw_lp[j]
+            row = raw_lp[lp_row[i]]
             top: list[tuple[int, float]] = []
             if k:
                 vals, ids = row.topk(k)
                 top = list(zip(ids.tolist(), vals.tolist()))
             logprobs[i] = TokenLogprob(token_list[i], float(row[token_list[i]]), top)
+        _per_row(want_lp, record, errors)
+    for i in errors or ():
+        token_list[i], logprobs[i] = -1, None
     return token_list, logprobs

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+
+
 class InvalidRequestError(ValueError):
     """A request the engine refuses; the message is shown to the client (HTTP 400)."""
 
@@ -29,14 +32,17 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: and the top k
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's -100..100)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
-    def needs_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+    def adjusts_logits(self) -> bool:
+        """Penalties or a logit bias: per-row work before sampling."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or bool(self.logit_bias))
 
     def validate(self, vocab_size: int) -> None:
         def bad(name: str, msg: str) -> InvalidRequestError:
@@ -64,5 +70,13 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
                 raise bad("stop_token_ids", f"has {t}, outside the vocabulary [0, {vocab_size})")
+        if self.logit_bias:
+            if len(self.logit_bias) > MAX_LOGIT_BIAS:
+                raise bad("logit_bias", f"may hold at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}")
+            for t, v in self.logit_bias.items():
+                if not 0 <= t < vocab_size:
+                    raise bad("logit_bias", f"has token id {t}, outside the vocabulary [0, {vocab_size})")
+                if not -100.0 <= v <= 100.0:
+                    raise bad("logit_bias", f"values must be in [-100, 100], got {v} for token {t}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from engine.request import Request
 from engine.sampling_params import InvalidRequestError
-from engine.server.protocol import RoutingFields
+from engine.server.protocol import MAX_N, RoutingFields
 
 ROOM_MASK = (1 << 63) - 1
 HINT = "send requests through launch_router --pd-disaggregation, which adds them"
@@ -31,7 +31,10 @@ def room_for(body: RoutingFields, prompt_index: int, choice: int, role: str) -> 
     if not isinstance(base, int) or isinstance(base, bool) or not 0 <= base <= ROOM_MASK:
         raise InvalidRequestError(f"bootstrap_room must be an integer in [0, 2**63), got {base!r}",
                                   param="bootstrap_room")
-    return (base + choice) & ROOM_MASK
+    # One room per (prompt, choice). A list gives each prompt its own base; one value for a batch (the router's
+    # form for /v1/completions) is spread over the prompts, both workers deriving the same rooms from the body.
+    offset = choice if isinstance(raw, list) else prompt_index * MAX_N + choice
+    return (base + offset) & ROOM_MASK
 
 
 def _single(value: object, prompt_index: int) -> object:

@@ -45,8 +45,20 @@ def _describe(errors: list) -> str:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         if e.get("type") == "json_invalid":
             return f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}"
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
+        msg = e.get("msg")
+        if e.get("type") == "extra_forbidden":
+            msg = "is not a field we know; it would be ignored, so it is refused (see docs/api.md for what we accept)"
+        parts.append(f"{loc or 'body'}: {msg}")
     return "invalid request: " + "; ".join(parts)
+
+
+def _param(errors: list) -> str | None:
+    """The first offending field's name (``messages.0.role`` style), for the error's ``param``."""
+    for e in errors[:1]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        if loc and e.get("type") != "json_invalid":
+            return ".".join(loc)
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -60,7 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(400, _describe(list(e.errors())), "invalid_request")
+        errors = list(e.errors())
+        return error_response(400, _describe(errors), "invalid_request", _param(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:

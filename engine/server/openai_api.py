@@ -68,6 +68,9 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if body.echo or body.suffix:
         raise APIError(400, "echo and suffix are not supported", "unsupported_parameter",
                        "echo" if body.echo else "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(400, f"best_of={body.best_of} with n={body.n}: best_of must equal n (choosing the best of "
+                            "more candidates is not supported yet)", "unsupported_parameter", "best_of")
     prompts = _completion_prompts(ctx, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     params = body.sampling_params(max_tokens, body.logprobs)

@@ -3,11 +3,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import InvalidRequestError, SamplingParams
 
 MAX_N = 16
+# Accepted and ignored, since they change nothing about the answer (OpenAI's bookkeeping and routing hints).
+HARMLESS_FIELDS = ("user", "metadata", "store", "service_tier")
+
+
+def logit_bias_ids(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends logit_bias keys as token-id strings."""
+    if not raw:
+        return None
+    try:
+        return {int(k): float(v) for k, v in raw.items()}
+    except ValueError:
+        bad = next(k for k in raw if not k.lstrip("-").isdigit())
+        raise InvalidRequestError(f"logit_bias keys must be token ids, got {bad!r}", param="logit_bias") from None
 
 
 class StreamOptions(BaseModel):
@@ -17,7 +30,7 @@ class StreamOptions(BaseModel):
 class RoutingFields(BaseModel):
     """Fields a router adds: request id, cache namespace and priority, and the PD bootstrap triple."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # a field we do not know is refused, never silently ignored
     rid: str | None = Field(default=None, max_length=256)
     extra_key: str | None = Field(default=None, max_length=256)  # prefix-cache namespace
     cache_salt: str | None = Field(default=None, max_length=256)  # vLLM's spelling of the same
@@ -50,16 +63,60 @@ class OpenAISampling(RoutingFields):
     repetition_penalty: float = 1.0
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
+    logit_bias: dict[str, float] | None = None
+    # harmless (HARMLESS_FIELDS): accepted, recorded nowhere, change nothing
     user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: StrictBool | None = None
+    service_tier: str | None = None
+    # not supported yet: refused with a 400 naming the field unless they ask for the default
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not 0.0 <= v <= 2.0:  # OpenAI's bound (/generate allows more)
+            raise ValueError(f"must be in [0, 2], got {v}")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 4:  # OpenAI's bound (/generate allows 16)
+            raise ValueError(f"may hold at most 4 sequences, got {len(v)}")
+        return v
+
+    def refuse_unsupported(self) -> None:
+        """The fields we cannot honour yet, each refused by name unless it asks for plain text."""
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise InvalidRequestError(f"response_format {self.response_format.get('type')!r} (structured output) is "
+                                      "not supported yet; leave response_format out or use {\"type\": \"text\"}",
+                                      param="response_format", code="unsupported_parameter")
+        if self.tools or self.functions:
+            name = "tools" if self.tools else "functions"
+            raise InvalidRequestError(f"{name} (function calling) is not supported yet", param=name,
+                                      code="unsupported_parameter")
+        for name in ("tool_choice", "function_call"):
+            value = getattr(self, name)
+            if value is not None and value != "none":
+                raise InvalidRequestError(f"{name}={value!r} needs function calling, which is not supported yet",
+                                          param=name, code="unsupported_parameter")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        self.refuse_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty, seed=self.seed,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
-            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            logit_bias=logit_bias_ids(self.logit_bias))
 
     @property
     def include_usage(self) -> bool:
@@ -71,6 +128,7 @@ class CompletionRequest(OpenAISampling):
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     suffix: str | None = None
+    best_of: StrictInt | None = None
 
 
 class ContentPart(BaseModel):
@@ -119,6 +177,7 @@ class GenerateSampling(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
+    logit_bias: dict[str, float] | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -130,7 +189,8 @@ class GenerateSampling(BaseModel):
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty, seed=self.seed,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
-            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            logit_bias=logit_bias_ids(self.logit_bias))
 
 
 class GenerateRequest(RoutingFields):

@@ -58,3 +58,13 @@ def test_generate_renders_the_same_tokens_as_transformers(smollm2_server: Server
         "text": text, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}).json()
     assert r["meta_info"]["prompt_tokens"] == len(hf_tokenizer.encode(text))
     assert r["text"] == hf_tokenizer.decode(r["output_ids"], skip_special_tokens=True)
+
+
+def test_logit_bias_bans_the_answer_the_model_would_give(smollm2_server: ServerProcess,
+                                                         hf_tokenizer) -> None:  # noqa: ANN001
+    c = client(smollm2_server)
+    banned = {str(t): -100 for word in ("Paris", " Paris") for t in hf_tokenizer.encode(word)[:1]}
+    reply = c.chat.completions.create(model=SERVED_NAME, messages=QUESTION, max_tokens=48, temperature=0,
+                                      logit_bias=banned)
+    text = reply.choices[0].message.content
+    assert text and "Paris" not in text, text
