@@ -81,12 +81,15 @@ class AsyncEngine:
                 self._deliver(outputs)
                 core.role.close()
                 return
+            self._deliver(outputs)  # what the commands produced (adds refused, aborts) goes out before the step
+            outputs = []
             try:
-                outputs.extend(core.step())
-            except Exception:  # a failed step must not take the server down: fail what was running
+                outputs.extend(core.step(emit=self._deliver))
+            except Exception as e:  # a failed step must not take the server down: fail what was running
                 log.exception("engine step failed; aborting the running requests")
                 for req in list(core.scheduler.running):
-                    out = core.abort(req.rid, Abort(500, "internal error during the forward pass"))
+                    out = core.abort(req.rid, Abort(500, f"the engine step failed ({type(e).__name__}); the "
+                                                          "requests it was running were aborted", "internal_error"))
                     if out:
                         outputs.append(out)
             self._deliver(outputs)

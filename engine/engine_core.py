@@ -178,16 +178,25 @@ class EngineCore:
         return self.role.poll_interval_s if self.scheduler.has_pending else None
 
     # -- one iteration -----------------------------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
+    def step(self, emit: Callable[[list[StepOutput]], None] | None = None) -> list[StepOutput]:
+        """``emit``, when given, gets the role's outputs from before the forward pass at once (a decode worker's
+        first tokens, when their rooms succeed), so they do not wait for this step's batch."""
         outputs = self.role.before_step(self)
+        if emit is not None and outputs:
+            self._forget_finished(outputs)
+            emit(outputs)
+            outputs = []
         batch = self.scheduler.schedule()
         if batch is not None:
             outputs += self._run_batch(batch)
         outputs += self.role.after_step(self, batch)
+        self._forget_finished(outputs)
+        return outputs
+
+    def _forget_finished(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.req.rid, None)
-        return outputs
 
     def token_output(self, req: Request, lp: TokenLogprob | None = None) -> StepOutput:
         """The output for a request's newest token: timing, logprobs, incremental text, stop strings."""
@@ -235,7 +244,7 @@ class EngineCore:
         """End one request with a 500 that names the stage that failed; its pages are released as on abort."""
         log.error("request %s failed in %s: %s: %s", req.rid, stage, type(error).__name__, error,
                   exc_info=error)
-        reason = Abort(500, f"this request failed in {stage}: {type(error).__name__}: {error}")
+        reason = Abort(500, f"this request failed in {stage}: {type(error).__name__}: {error}", "request_failed")
         out = self.abort(req.rid, reason)
         if out is None:  # it had already finished this step: report the failure instead of its end
             req.finish_reason, req.finish_detail = "abort", reason

@@ -15,6 +15,7 @@ class Abort:
 
     status: int
     message: str
+    code: str = "request_aborted"  # "request_failed": this request caused it (routers neither retry nor blame)
 
 
 class Status(enum.Enum):

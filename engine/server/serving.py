@@ -75,7 +75,7 @@ def abort_error(req: Request) -> APIError | None:
         return None
     detail = req.finish_detail
     if isinstance(detail, Abort):
-        return APIError(detail.status if detail.status != 499 else 500, detail.message, "request_aborted")
+        return APIError(detail.status if detail.status != 499 else 500, detail.message, detail.code)
     return APIError(500, f"request aborted: {detail}", "request_aborted")
 
 

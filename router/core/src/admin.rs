@@ -183,7 +183,7 @@ pub async fn health_generate(state: &Arc<AppState>, request_id: &str) -> Respons
             Ok(Ok(resp)) => {
                 let status = resp.status().as_u16();
                 let body = read_body(resp.into_body(), 1 << 16).await.unwrap_or_default();
-                let e = RouterError::Upstream { worker: w.url.to_string(), status, message: crate::error::upstream_message(&body) };
+                let e = RouterError::Upstream { worker: w.url.to_string(), status, message: crate::error::upstream_message(&body), reply: crate::error::Reply::parse(&body) };
                 return error_response(&e);
             }
             Ok(Err(e)) => return error_response(&e),

@@ -117,7 +117,7 @@ impl Body for ProxyBody {
                 if let Some(g) = this.guards.last() {
                     g.worker().breaker.record(false);
                 }
-                this.fail(RouterError::Upstream { worker, status: 502, message: format!("stream broke: {e}") })
+                this.fail(RouterError::Upstream { worker, status: 502, message: format!("stream broke: {e}"), reply: None })
             }
             Poll::Ready(None) => {
                 this.inner = None;

@@ -1,7 +1,30 @@
-//! Typed errors and their OpenAI-style JSON rendering `{"error": {"message", "type", "code"}}`.
+//! Typed errors and their OpenAI-style JSON rendering `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! A worker's own error answer travels to the client unchanged (status and body: type, param and code intact),
+//! as a [`Reply`]; the router's own errors use the same shape. Messages to clients never name a worker's
+//! address: that goes to the log, with the request id.
 
 use bytes::Bytes;
 use http::StatusCode;
+
+/// A worker's OpenAI-shaped error body, kept to be passed through; `request_fault` when the worker said the
+/// request itself caused the failure (`code: "request_failed"`), so no other worker would do better.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub body: Bytes,
+    pub request_fault: bool,
+}
+
+impl Reply {
+    /// The reply when `body` is an OpenAI-style error document, else None.
+    pub fn parse(body: &[u8]) -> Option<Reply> {
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let err = v.get("error")?.as_object()?;
+        err.get("message")?.as_str()?;
+        let request_fault = err.get("code").and_then(|c| c.as_str()) == Some("request_failed");
+        Some(Reply { body: Bytes::copy_from_slice(body), request_fault })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -24,11 +47,11 @@ pub enum RouterError {
     #[error("no healthy {0} worker is available")]
     NoWorker(&'static str),
     #[error("worker {worker} failed: {message}")]
-    Upstream { worker: String, status: u16, message: String },
+    Upstream { worker: String, status: u16, message: String, reply: Option<Reply> },
     #[error("could not reach worker {worker}: {message}")]
     Connect { worker: String, message: String },
     #[error("prefill worker {worker} failed the request: {message}")]
-    Prefill { worker: String, status: u16, message: String },
+    Prefill { worker: String, status: u16, message: String, reply: Option<Reply> },
     #[error("the router is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -73,8 +96,19 @@ impl RouterError {
         }
     }
 
+    /// Whether the worker said the request itself caused its failure.
+    pub fn request_fault(&self) -> bool {
+        match self {
+            RouterError::Upstream { reply: Some(r), .. } | RouterError::Prefill { reply: Some(r), .. } => r.request_fault,
+            _ => false,
+        }
+    }
+
     /// Whether another attempt on another worker may succeed (only before the client saw a byte).
     pub fn retryable(&self) -> bool {
+        if self.request_fault() {
+            return false;
+        }
         match self {
             RouterError::Connect { .. } => true,
             RouterError::Upstream { status, .. } | RouterError::Prefill { status, .. } => {
@@ -86,6 +120,9 @@ impl RouterError {
 
     /// Whether the failure counts against the worker's circuit breaker.
     pub fn is_worker_fault(&self) -> bool {
+        if self.request_fault() {
+            return false;
+        }
         match self {
             RouterError::Connect { .. } => true,
             RouterError::Upstream { status, .. } | RouterError::Prefill { status, .. } => *status >= 500,
@@ -93,14 +130,24 @@ impl RouterError {
         }
     }
 
+    /// What the client is told: a worker's own error passes through unchanged; the router's errors are
+    /// rendered in the same shape, without worker addresses.
     pub fn body(&self) -> Bytes {
-        error_body(&self.to_string(), self.kind(), self.status().as_u16())
+        use RouterError::*;
+        let message = match self {
+            Upstream { reply: Some(r), .. } | Prefill { reply: Some(r), .. } => return r.body.clone(),
+            Upstream { message, .. } => format!("a worker failed the request: {message}"),
+            Connect { .. } => "could not reach a worker (the attempt is logged with the request id)".into(),
+            Prefill { message, .. } => format!("the prefill worker failed the request: {message}"),
+            other => other.to_string(),
+        };
+        error_body(&message, self.kind(), self.status().as_u16())
     }
 }
 
 /// The JSON error document every error response carries.
 pub fn error_body(message: &str, kind: &str, code: u16) -> Bytes {
-    let v = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
+    let v = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
     Bytes::from(v.to_string())
 }
 
@@ -120,5 +167,44 @@ pub fn upstream_message(body: &[u8]) -> String {
         "empty response".into()
     } else {
         s.chars().take(500).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker_error(status: u16, body: &str) -> RouterError {
+        let b = body.as_bytes();
+        RouterError::Upstream { worker: "http://10.0.0.7:30200".into(), status, message: upstream_message(b), reply: Reply::parse(b) }
+    }
+
+    #[test]
+    fn a_workers_error_body_passes_through_unchanged() {
+        let body = r#"{"error":{"message":"max_tokens is too large","type":"invalid_request_error","param":"max_tokens","code":"context_length_exceeded"}}"#;
+        let e = worker_error(400, body);
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(e.body(), Bytes::from(body));
+        assert!(!e.retryable() && !e.is_worker_fault());
+    }
+
+    #[test]
+    fn a_request_caused_500_is_neither_retried_nor_blamed_on_the_worker() {
+        let e = worker_error(500, r#"{"error":{"message":"this request failed in sampling","type":"server_error","param":null,"code":"request_failed"}}"#);
+        assert!(e.request_fault() && !e.retryable() && !e.is_worker_fault());
+        let crash = worker_error(500, r#"{"error":{"message":"internal error","type":"server_error","code":"internal_error"}}"#);
+        assert!(!crash.request_fault() && crash.retryable() && crash.is_worker_fault());
+    }
+
+    #[test]
+    fn router_made_errors_name_no_worker_address_and_keep_the_shape() {
+        let plain = worker_error(502, "Bad Gateway");
+        let connect = RouterError::Connect { worker: "http://10.0.0.7:30200".into(), message: "tcp connect error 10.0.0.7:30200".into() };
+        for e in [plain, connect] {
+            let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+            let text = v.to_string();
+            assert!(!text.contains("10.0.0.7"), "{text}");
+            assert!(v.pointer("/error/param").is_some() && v.pointer("/error/type").is_some(), "{text}");
+        }
     }
 }

@@ -13,7 +13,7 @@
 
 use crate::body::{PrefillTask, RespBody};
 use crate::client;
-use crate::error::{upstream_message, RouterError};
+use crate::error::{upstream_message, Reply, RouterError};
 use crate::metrics::route_label;
 use crate::proxy::{error_response, pass_through, pick, upstream_error, Outgoing};
 use crate::state::AppState;
@@ -52,28 +52,29 @@ pub fn with_bootstrap(body: &Value, path: &str, p: &Worker) -> Result<Bytes, Rou
 /// P's side of one attempt: Ok when P answered with success (its body is drained).
 async fn prefill_call(state: Arc<AppState>, p: Arc<Worker>, guard: LoadGuard, url: String, out_headers: http::HeaderMap, request_id: String, body: Bytes) -> Result<(), RouterError> {
     let _guard = guard;
-    let fail = |status: u16, message: String| RouterError::Prefill { worker: p.url.to_string(), status, message };
+    let fail = |status: u16, message: String, reply: Option<Reply>| RouterError::Prefill { worker: p.url.to_string(), status, message, reply };
     let resp = match client::send(&state.client, http::Method::POST, &url, &out_headers, &request_id, body).await {
         Ok(r) => r,
         Err(e) => {
             p.breaker.record(false);
-            return Err(fail(502, e.to_string()));
+            return Err(fail(502, e.to_string(), None));
         }
     };
     let status = resp.status();
     if !status.is_success() {
-        let msg = match client::read_body(resp.into_body(), 64 << 10).await {
-            Ok(b) => upstream_message(&b),
-            Err(e) => e,
+        let (msg, reply) = match client::read_body(resp.into_body(), 64 << 10).await {
+            Ok(b) => (upstream_message(&b), Reply::parse(&b)),
+            Err(e) => (e, None),
         };
-        p.breaker.record(status.as_u16() < 500);
-        return Err(fail(status.as_u16(), msg));
+        let e = fail(status.as_u16(), msg, reply);
+        p.breaker.record(!e.is_worker_fault());
+        return Err(e);
     }
     let mut body = resp.into_body();
     while let Some(frame) = body.frame().await {
         if let Err(e) = frame {
             p.breaker.record(false);
-            return Err(fail(502, format!("prefill response broke: {e}")));
+            return Err(fail(502, format!("prefill response broke: {e}"), None));
         }
     }
     p.breaker.record(true);
@@ -144,7 +145,7 @@ async fn attempt(state: &Arc<AppState>, out: &mut Outgoing, p: Arc<Worker>, d: A
                 },
                 Some(Err(e)) => {
                     d.breaker.record(false);
-                    return Attempt::Failed(RouterError::Upstream { worker: d.url.to_string(), status: 502, message: format!("decode stream broke: {e}") });
+                    return Attempt::Failed(RouterError::Upstream { worker: d.url.to_string(), status: 502, message: format!("decode stream broke: {e}"), reply: None });
                 }
                 None => break None,
             },

@@ -4,7 +4,7 @@
 
 use crate::body::{full, ProxyBody, RespBody};
 use crate::client::{self, is_hop_by_hop, REQUEST_ID};
-use crate::error::{upstream_message, RouterError};
+use crate::error::{upstream_message, Reply, RouterError};
 use crate::metrics::route_label;
 use crate::policies::{Choice, Policy, RouteRequest};
 use crate::state::AppState;
@@ -70,11 +70,11 @@ pub fn pick(
 /// Turns a worker's non-success answer into an error (reading its message).
 pub async fn upstream_error(worker: &Worker, resp: Response<UpBody>) -> RouterError {
     let status = resp.status().as_u16();
-    let msg = match client::read_body(resp.into_body(), 64 << 10).await {
-        Ok(b) => upstream_message(&b),
-        Err(e) => e,
+    let (message, reply) = match client::read_body(resp.into_body(), 64 << 10).await {
+        Ok(b) => (upstream_message(&b), Reply::parse(&b)),
+        Err(e) => (e, None),
     };
-    RouterError::Upstream { worker: worker.url.to_string(), status, message: msg }
+    RouterError::Upstream { worker: worker.url.to_string(), status, message, reply }
 }
 
 /// The client's response: the worker's status and headers, its body streamed through.
