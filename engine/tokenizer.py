@@ -33,6 +33,9 @@ class Tokenizer:
         return self.decode([token_id], skip_special_tokens=False)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not self.has_chat_template:
             raise InvalidRequestError("this model's tokenizer has no chat template; use /v1/completions",
                                       param="messages")
@@ -41,4 +44,4 @@ class Tokenizer:
                                                add_generation_prompt=add_generation_prompt)
         except Exception as e:  # jinja errors from user-controlled content are client errors
             raise InvalidRequestError(f"chat template failed: {e}", param="messages") from e
-        return self.encode(text, add_special_tokens=False)
+        return text

@@ -14,9 +14,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.config import ServerConfig
 from engine.sampling_params import SamplingParams
-from engine.server import generate_api, openai_api
+from engine.server import generate_api, openai_api, tokenize_api
 from engine.server.errors import error_response, install_error_handlers
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
+                                    TokenizeRequest)
 from engine.server.serving import ServingContext, collect
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -117,9 +118,21 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     async def generate(body: GenerateRequest, request: HTTPRequest) -> Response:
         return await generate_api.generate(body, request, ctx)
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        return tokenize_api.tokenize(body, ctx)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        return tokenize_api.detokenize(body, ctx)
+
     @app.post("/abort_request")
     async def abort_request(request: HTTPRequest) -> Response:
-        rid = (await request.json()).get("rid")
+        try:
+            data = await request.json()
+        except ValueError:
+            data = None
+        rid = data.get("rid") if isinstance(data, dict) else None
         if not isinstance(rid, str):
             return error_response(400, "body must be {\"rid\": \"...\"}", "invalid_request", "rid")
         ctx.engine.abort(rid)

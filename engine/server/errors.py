@@ -77,7 +77,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, str(e.detail))
+        r = error_response(e.status_code, str(e.detail))  # keeps e.g. the Allow header of a 405
+        r.headers.update(e.headers or {})
+        return r
 
     @app.exception_handler(EngineOverloaded)
     async def _overloaded(_: Request, e: EngineOverloaded) -> JSONResponse:

@@ -20,8 +20,6 @@ from engine.server.serving import (ServingContext, abort_error, build_requests, 
 
 def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:
     """Prompts as token ids, and whether the body was a batch."""
-    if (body.text is None) == (body.input_ids is None):
-        raise InvalidRequestError("give exactly one of text or input_ids", param="text")
     if body.text is not None:
         if isinstance(body.text, str):
             return [prompt_from_text(ctx, body.text)], False

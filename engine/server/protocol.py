@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from engine.sampling_params import InvalidRequestError, SamplingParams
 
@@ -130,6 +130,13 @@ class CompletionRequest(OpenAISampling):
     suffix: str | None = None
     best_of: StrictInt | None = None
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: object) -> object:
+        if v == "" or v == [] or (isinstance(v, list) and any(x == "" or x == [] for x in v)):
+            raise ValueError("must not be empty (nor hold an empty prompt)")
+        return v
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -153,7 +160,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(OpenAISampling):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -194,9 +201,34 @@ class GenerateSampling(BaseModel):
 
 
 class GenerateRequest(RoutingFields):
-    text: str | list[str] | None = None
+    text: str | list[str] | None = Field(default=None, description="the prompt as text (or a batch); give this "
+                                                                    "or input_ids")
     input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     sampling_params: GenerateSampling = GenerateSampling()
     stream: StrictBool = False
     return_logprob: StrictBool = False
     top_logprobs_num: StrictInt = 0
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered by the template."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool | None = None  # default: true for a prompt, false for messages (vLLM's)
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[StrictInt]

@@ -23,7 +23,7 @@ CASES = [
     ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
     ("/v1/completions", {"prompt": "x", "logprobs": 99}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "stop": [""]}, "stop"),
-    ("/v1/chat/completions", {"messages": []}, "messages must not be empty"),
+    ("/v1/chat/completions", {"messages": []}, "messages: List should have at least 1 item"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ("/v1/chat/completions", {"messages": "hello"}, "messages"),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokenz": 3}}, "max_new_tokenz"),

@@ -30,6 +30,16 @@ def test_bad_worker_descriptions_are_refused(cluster: Cluster) -> None:
     assert httpx.post(f"{r.url}/workers", json={"nope": 1}).status_code == 400
     e = httpx.post(f"{r.url}/workers", json={"url": "http://127.0.0.1:1", "role": "prefill"})
     assert e.status_code == 400 and "pd-disaggregation" in e.json()["error"]["message"]
+    # SGLang's router spells the field worker_type: the same check applies
+    e = httpx.post(f"{r.url}/workers", json={"url": "http://127.0.0.1:1", "worker_type": "prefill"})
+    assert e.status_code == 400 and "pd-disaggregation" in e.json()["error"]["message"]
+
+
+def test_worker_type_is_accepted_for_role(cluster: Cluster) -> None:
+    a, b = cluster.worker(), cluster.worker()
+    r = cluster.router("--worker-urls", a.url)
+    added = httpx.post(f"{r.url}/workers", json={"url": b.url, "worker_type": "regular"})
+    assert added.status_code == 200 and added.json()["added"]["role"] == "regular"
 
 
 def test_removed_worker_finishes_its_stream(cluster: Cluster) -> None:

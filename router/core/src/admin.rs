@@ -71,7 +71,8 @@ pub async fn post_worker(state: &AppState, body: &[u8]) -> Response<RespBody> {
     let Some(url) = v.get("url").and_then(Value::as_str) else {
         return error_response(&RouterError::BadRequest("POST /workers needs {\"url\": \"http://host:port\"}".into()));
     };
-    let role = match role_for(state, v.get("role").and_then(Value::as_str)) {
+    // "worker_type" is SGLang's router's name for the same field
+    let role = match role_for(state, v.get("role").or_else(|| v.get("worker_type")).and_then(Value::as_str)) {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };

@@ -38,6 +38,8 @@ pub enum RouterError {
     BadRequest(String),
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
+    #[error("{path} does not take {method}; it takes {allow}")]
+    MethodNotAllowed { method: String, path: String, allow: &'static str },
     #[error("too many requests: the router's queue is full (--queue-size {0})")]
     QueueFull(usize),
     #[error("request waited longer than --queue-timeout-secs ({0}s) for a slot")]
@@ -68,6 +70,7 @@ impl RouterError {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BadJson(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             NotFound { .. } => StatusCode::NOT_FOUND,
+            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             QueueTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -85,7 +88,7 @@ impl RouterError {
         use RouterError::*;
         match self {
             Unauthorized => "authentication_error",
-            PayloadTooLarge { .. } | BadJson(_) | BadRequest(_) | NotFound { .. } | Conflict(_) => {
+            PayloadTooLarge { .. } | BadJson(_) | BadRequest(_) | NotFound { .. } | MethodNotAllowed { .. } | Conflict(_) => {
                 "invalid_request_error"
             }
             QueueFull(_) | QueueTimeout(_) => "rate_limit_error",

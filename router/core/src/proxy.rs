@@ -41,6 +41,9 @@ pub fn error_response(e: &RouterError) -> Response<RespBody> {
     let mut r = Response::new(full(e.body()));
     *r.status_mut() = e.status();
     r.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let RouterError::MethodNotAllowed { allow, .. } = e {
+        r.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    }
     r
 }
 

@@ -80,8 +80,24 @@ async fn inference(state: &Arc<AppState>, req: Request<Incoming>, request_id: St
     Ok(if pd { forward_pd(state, out).await } else { forward(state, Role::Regular, Some(&*state.policy), out).await })
 }
 
-async fn info(state: &Arc<AppState>, req: Request<Incoming>, request_id: String, started: Instant) -> Response<RespBody> {
-    let (parts, _) = req.into_parts();
+/// Paths answered by any one worker (a prefill worker in PD mode), body passed through: model info, and the
+/// tokenizer endpoints, which every worker answers alike.
+const TOKENIZE: [&str; 2] = ["/tokenize", "/detokenize"];
+
+/// The methods each known path takes, for a 405's `Allow` header.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path {
+        p if INFERENCE.contains(&p) || TOKENIZE.contains(&p) || p == "/flush_cache" => Some("POST"),
+        p if INFO.contains(&p) || p.starts_with("/v1/models/") => Some("GET"),
+        "/health_generate" | "/metrics" => Some("GET"),
+        "/workers" => Some("GET, POST, DELETE"),
+        _ => None,
+    }
+}
+
+async fn info(state: &Arc<AppState>, req: Request<Incoming>, request_id: String, started: Instant) -> Result<Response<RespBody>, RouterError> {
+    let (parts, body) = req.into_parts();
+    let body = if parts.method == Method::POST { read_limited(state, body).await? } else { Bytes::new() };
     let role = if state.cfg.pd_disaggregation { Role::Prefill } else { Role::Regular };
     let out = Outgoing {
         method: parts.method,
@@ -89,12 +105,12 @@ async fn info(state: &Arc<AppState>, req: Request<Incoming>, request_id: String,
         path_and_query: parts.uri.path_and_query().map_or("/".into(), |p| p.to_string()),
         headers: parts.headers,
         request_id,
-        body: Bytes::new(),
+        body,
         json: None,
         permit: None,
         started,
     };
-    forward(state, role, None, out).await
+    Ok(forward(state, role, None, out).await)
 }
 
 async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: String) -> Result<Response<RespBody>, RouterError> {
@@ -116,7 +132,8 @@ async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: Str
     }
     match (method, path.as_str()) {
         (Method::POST, p) if INFERENCE.contains(&p) => inference(state, req, request_id, started).await,
-        (Method::GET, p) if INFO.contains(&p) => Ok(info(state, req, request_id, started).await),
+        (Method::GET, p) if INFO.contains(&p) || p.starts_with("/v1/models/") => info(state, req, request_id, started).await,
+        (Method::POST, p) if TOKENIZE.contains(&p) => info(state, req, request_id, started).await,
         (Method::GET, "/health_generate") => Ok(admin::health_generate(state, &request_id).await),
         (Method::GET, "/metrics") => Ok(admin::metrics(state)),
         (Method::GET, "/workers") => Ok(admin::list_workers(state)),
@@ -130,7 +147,10 @@ async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: Str
             Ok(admin::delete_worker(state, q.as_deref(), &b))
         }
         (Method::POST, "/flush_cache") => Ok(admin::flush_cache(state, req.headers(), &request_id).await),
-        (m, p) => Err(RouterError::NotFound { method: m.to_string(), path: p.to_string() }),
+        (m, p) => match allowed_methods(p) {
+            Some(allow) => Err(RouterError::MethodNotAllowed { method: m.to_string(), path: p.to_string(), allow }),
+            None => Err(RouterError::NotFound { method: m.to_string(), path: p.to_string() }),
+        },
     }
 }
 
