@@ -1,0 +1,155 @@
+"""Conformance: the real ``openai`` client, through the router, against prefill + decode workers on the real
+model. Every parameter of chat and completions is either honoured (each test checks what it does) or refused with
+a 400 naming it; harmless bookkeeping fields change nothing."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+QUESTION = [{"role": "user", "content": "Write two sentences about the sea."}]
+
+
+def chat(client: openai.OpenAI, model: str, stream: bool = False, **kw: object):  # noqa: ANN201
+    """The answer's text per choice, finish reasons, and usage (assembled from chunks when streamed)."""
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("temperature", 0)
+    if not stream:
+        r = client.chat.completions.create(model=model, messages=kw.pop("messages", QUESTION), **kw)
+        return [c.message.content for c in r.choices], [c.finish_reason for c in r.choices], r.usage, r
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    usage = None
+    chunks = list(client.chat.completions.create(model=model, messages=kw.pop("messages", QUESTION), stream=True,
+                                                 **kw))
+    for ch in chunks:
+        usage = ch.usage or usage
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+    return [texts[i] for i in sorted(texts)], [reasons[i] for i in sorted(reasons)], usage, chunks
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_and_max_completion_tokens_bound_the_answer(client, model, stream) -> None:  # noqa: ANN001
+    for field in ("max_tokens", "max_completion_tokens"):
+        texts, reasons, _, _ = chat(client, model, stream, **{"max_tokens": None, field: 5})
+        plain, _, usage, _ = chat(client, model, False, max_tokens=5)
+        assert texts == plain and reasons == ["length"]
+        assert usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_is_repeatable_and_seeds_reproduce_samples(client, model, stream) -> None:  # noqa: ANN001
+    greedy = chat(client, model, stream)[0]
+    assert greedy == chat(client, model, stream)[0] and greedy[0]
+    a = chat(client, model, stream, temperature=1.0, seed=7)[0]
+    assert a == chat(client, model, not stream, temperature=1.0, seed=7)[0]
+    others = {chat(client, model, stream, temperature=1.0, seed=s)[0][0] for s in (8, 9, 10)}
+    assert len(others | {a[0]}) > 1  # different seeds, different samples
+    # a nucleus holding only the top token, or top-k 1, or min-p 1: sampling becomes greedy
+    assert chat(client, model, stream, temperature=1.0, top_p=1e-9)[0] == greedy
+    assert chat(client, model, stream, temperature=1.0, extra_body={"top_k": 1})[0] == greedy
+    assert chat(client, model, stream, temperature=1.0, extra_body={"min_p": 1.0})[0] == greedy
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_gives_that_many_choices(client, model, stream) -> None:  # noqa: ANN001
+    texts, reasons, _, _ = chat(client, model, stream, n=3)
+    assert len(texts) == 3 and len(set(texts)) == 1 and reasons == ["length"] * 3  # greedy: all alike
+    sampled = chat(client, model, stream, n=4, temperature=1.0, seed=3)[0]
+    assert len(sampled) == 4 and len(set(sampled)) > 1
+
+
+def test_stream_options_include_usage(client, model) -> None:  # noqa: ANN001
+    _, _, usage, chunks = chat(client, model, True, stream_options={"include_usage": True})
+    assert usage is not None and usage.completion_tokens == 24 and chunks[-1].usage is not None
+    _, _, none, _ = chat(client, model, True)
+    assert none is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_ends_the_text_before_the_stop_string(client, model, stream) -> None:  # noqa: ANN001
+    full = chat(client, model, False, max_tokens=40)[0][0]
+    word = full.split()[3]
+    texts, reasons, _, _ = chat(client, model, stream, max_tokens=40, stop=[word, "zzzz"])
+    assert full.startswith(texts[0]) and word not in texts[0] and reasons == ["stop"]
+    texts, reasons, _, _ = chat(client, model, stream, max_tokens=40, extra_body={"stop_token_ids": [13]})
+    assert reasons[0] in ("stop", "length")
+
+
+def test_penalties_change_a_repetitive_answer(client, model) -> None:  # noqa: ANN001
+    base = dict(model=model, prompt="sea, sea, sea, sea, sea, sea,", max_tokens=30, temperature=0,
+                extra_body={"ignore_eos": True})
+    plain = client.completions.create(**base).choices[0].text
+    assert plain.count("sea") >= 5  # greedy keeps repeating
+    for kw in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"extra_body": {"repetition_penalty": 2.0,
+                                                                                     "ignore_eos": True}}):
+        changed = client.completions.create(**{**base, **kw}).choices[0].text
+        assert changed.count("sea") < plain.count("sea"), (kw, changed, plain)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logit_bias_bans_and_forces_tokens(pd, client, model, stream) -> None:  # noqa: ANN001
+    import httpx
+    ids = httpx.post(pd.router.url + "/tokenize", json={"prompt": chat(client, model)[0][0]}, timeout=30).json()
+    first = ids["tokens"][0]
+    banned = chat(client, model, stream, logit_bias={str(first): -100})[0][0]
+    assert banned and not banned.startswith(chat(client, model)[0][0][:3])
+    word = httpx.post(pd.router.url + "/tokenize", json={"prompt": " ocean", "add_special_tokens": False},
+                      timeout=30).json()["tokens"][0]
+    forced = chat(client, model, stream, max_tokens=3, logit_bias={str(word): 100})[0][0]
+    assert forced == " ocean" * 3 or forced == "ocean ocean ocean", forced
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_report_the_chosen_tokens(client, model, stream) -> None:  # noqa: ANN001
+    kw = dict(logprobs=True, top_logprobs=3, max_tokens=8)
+    if stream:
+        chunks = chat(client, model, True, **kw)[3]
+        content = [lp for ch in chunks for c in ch.choices if c.logprobs for lp in c.logprobs.content]
+    else:
+        content = chat(client, model, False, **kw)[3].choices[0].logprobs.content
+    assert len(content) == 8
+    for lp in content:
+        assert len(lp.top_logprobs) == 3 and lp.logprob <= 0
+        assert lp.logprob >= max(t.logprob for t in lp.top_logprobs) - 1e-4  # greedy picks the top token
+
+
+def test_harmless_fields_change_nothing(client, model) -> None:  # noqa: ANN001
+    plain = chat(client, model)[0]
+    assert chat(client, model, user="u1", metadata={"team": "a"}, store=False, service_tier="auto")[0] == plain
+    assert chat(client, model, response_format={"type": "text"}, tool_choice="none")[0] == plain
+    assert chat(client, model, extra_body={"ignore_eos": True, "skip_special_tokens": True})[0] == plain
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"extra_body": {"min_tokens": 4}}, "min_tokens"),
+    ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+])
+def test_unsupported_chat_parameters_are_refused_by_name(client, model, kw, param) -> None:  # noqa: ANN001
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, **kw)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_completions_parameters(client, model) -> None:  # noqa: ANN001
+    base = dict(model=model, prompt="The sea is", max_tokens=8, temperature=0)
+    one = client.completions.create(**base)
+    assert one.choices[0].text and one.usage.completion_tokens <= 8
+    batch = client.completions.create(**{**base, "prompt": ["The sea is", "Mountains are"]})
+    assert [c.index for c in batch.choices] == [0, 1] and batch.choices[0].text == one.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**base, stream=True) if c.choices)
+    assert streamed == one.choices[0].text
+    lp = client.completions.create(**base, logprobs=2).choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
+    assert client.completions.create(**base, best_of=1).choices[0].text == one.choices[0].text
+    for kw, param in (({"best_of": 3}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(**base, **kw)
+        assert e.value.body["param"] == param
