@@ -12,7 +12,7 @@ from engine.request import Request
 from engine.sampler import TokenLogprob
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from engine.engine_core import StepOutput
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
                                    request_id, start_stream, usage)
@@ -68,14 +68,21 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if body.echo or body.suffix:
         raise APIError(400, "echo and suffix are not supported", "unsupported_parameter",
                        "echo" if body.echo else "suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise APIError(400, f"best_of={body.best_of} with n={body.n}: best_of must equal n (choosing the best of "
-                            "more candidates is not supported yet)", "unsupported_parameter", "best_of")
+    best_of = body.best_of if body.best_of is not None else body.n
+    if not body.n <= best_of <= MAX_N:
+        raise APIError(400, f"best_of={best_of} must be at least n={body.n} and at most {MAX_N}",
+                       "invalid_request", "best_of")
+    if best_of > body.n and body.stream:
+        raise APIError(400, "best_of > n cannot be streamed (the best candidates are known only at the end)",
+                       "invalid_request", "best_of")
     prompts = _completion_prompts(ctx, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-    params = body.sampling_params(max_tokens, body.logprobs)
+    # best_of ranks candidates by cumulative logprob, so those are computed even when the client did not ask
+    params = body.sampling_params(max_tokens, body.logprobs if body.logprobs is not None or best_of == body.n
+                                  else 0)
     rid = request_id(http, body, "cmpl")
-    reqs = build_requests(ctx, prompts, params, body.n, rid, body)
+    candidates = build_requests(ctx, prompts, params, best_of, rid, body)
+    reqs = candidates
     index = {r.rid: i for i, r in enumerate(reqs)}
     created = int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": ctx.core.served_model_name}
@@ -83,11 +90,23 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
         outs = await start_stream(http, ctx, reqs)
         return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    await collect(http, ctx, reqs)
+    await collect(http, ctx, candidates)
+    if best_of > body.n:
+        reqs = best_candidates(candidates, best_of, body.n)
+        index = {r.rid: i for i, r in enumerate(reqs)}
     choices = [{"index": index[r.rid], "text": r.detok.text,
                 "logprobs": _legacy_logprobs(ctx, r.output_logprobs, 0) if body.logprobs is not None else None,
                 "finish_reason": _finish_reason(r)} for r in reqs]
-    return JSONResponse({**base, "choices": choices, "usage": usage(reqs)})
+    return JSONResponse({**base, "choices": choices, "usage": usage(candidates)})  # every candidate's tokens count
+
+
+def best_candidates(candidates: list[Request], best_of: int, n: int) -> list[Request]:
+    """Per prompt (candidates come grouped by prompt), the n candidates with the highest cumulative logprob."""
+    kept: list[Request] = []
+    for start in range(0, len(candidates), best_of):
+        group = candidates[start:start + best_of]
+        kept += sorted(group, key=lambda r: -sum(lp.logprob for lp in r.output_logprobs))[:n]
+    return kept
 
 
 async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],

@@ -149,7 +149,11 @@ def test_completions_parameters(client, model) -> None:  # noqa: ANN001
     lp = client.completions.create(**base, logprobs=2).choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
     assert client.completions.create(**base, best_of=1).choices[0].text == one.choices[0].text
-    for kw, param in (({"best_of": 3}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix")):
+    sampled = dict(base, temperature=1.0, seed=5)
+    every = client.completions.create(**sampled, n=3, logprobs=0).choices
+    best = client.completions.create(**sampled, best_of=3).choices
+    assert len(best) == 1 and best[0].text == max(every, key=lambda c: sum(c.logprobs.token_logprobs)).text
+    for kw, param in (({"best_of": 3, "n": 4}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix")):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(**base, **kw)
         assert e.value.body["param"] == param

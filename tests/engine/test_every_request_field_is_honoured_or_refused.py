@@ -1,6 +1,6 @@
 """Every request field is honoured, documented as harmless, or refused with a 400 that names it (docs/api.md):
 unknown fields, structured output and tools (not supported yet), OpenAI's bounds for temperature and stop,
-best_of, and logit_bias, which is honoured (+100 forces a token, -100 bans it)."""
+best_of (honoured: the n best of best_of candidates by cumulative logprob), and logit_bias, which is honoured (+100 forces a token, -100 bans it)."""
 from __future__ import annotations
 
 import httpx
@@ -29,7 +29,8 @@ def post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"99999999": 1}}, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 150}}, "logit_bias"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "best_of": 3}, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "n": 2, "best_of": 1}, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "best_of": 3, "stream": True}, "best_of"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "lora_name": "x"}, "lora_name"),
     ("/generate", {"text": "hi", "return_text_in_logprobs": True}, "return_text_in_logprobs"),
     ("/generate", {"text": "hi", "sampling_params": {"logit_bias": {"-3": 1}}}, "logit_bias"),
@@ -76,3 +77,13 @@ def test_logit_bias_forces_and_bans_tokens(server: ServerProcess) -> None:
     forced = client.completions.create(model=model, prompt="The sea is", max_tokens=4, temperature=0.9,
                                        logit_bias={"300": 100}, extra_body={"ignore_eos": True})
     assert forced.choices[0].text == generate(4, logit_bias={"300": 100})["text"]
+
+
+def test_best_of_returns_the_most_likely_candidates(server: ServerProcess) -> None:
+    base = {"prompt": "The sea is", "max_tokens": 6, "temperature": 1.0, "seed": 11}
+    every = post(server, "/v1/completions", {**base, "n": 4, "logprobs": 0}).json()
+    scores = sorted(((sum(c["logprobs"]["token_logprobs"]), c["text"]) for c in every["choices"]), reverse=True)
+    best = post(server, "/v1/completions", {**base, "n": 2, "best_of": 4}).json()
+    assert [c["text"] for c in best["choices"]] == [t for _, t in scores[:2]]
+    assert [c["index"] for c in best["choices"]] == [0, 1] and best["choices"][0]["logprobs"] is None
+    assert best["usage"]["completion_tokens"] == every["usage"]["completion_tokens"]  # all four were generated
