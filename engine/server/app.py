@@ -16,6 +16,7 @@ from engine.config import ServerConfig
 from engine.sampling_params import SamplingParams
 from engine.server import generate_api, openai_api, tokenize_api
 from engine.server.errors import error_response, install_error_handlers
+from engine.server.openapi import install_openapi
 from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
                                     TokenizeRequest)
 from engine.server.serving import ServingContext, collect
@@ -40,6 +41,7 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     app = FastAPI(title="SplitServe", lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
+    install_openapi(app, api_key=server_cfg.api_key is not None)
 
     app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key)
 
@@ -93,7 +95,7 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
             "kv_pages_total": core.allocator.capacity, "page_size": core.kv_shape.page_size,
             "context_length": core.context_length, "load": ctx.engine.load()})
 
-    @app.get("/get_load")
+    @app.get("/get_load", include_in_schema=False)  # for routers and tests; not proxied (docs/api.md)
     async def get_load() -> Response:
         return JSONResponse(ctx.engine.load())
 
@@ -126,7 +128,7 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     async def detokenize(body: DetokenizeRequest) -> Response:
         return tokenize_api.detokenize(body, ctx)
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", include_in_schema=False)  # by request id, on the worker itself (docs/api.md)
     async def abort_request(request: HTTPRequest) -> Response:
         try:
             data = await request.json()

@@ -48,7 +48,7 @@ async fn read_limited(state: &AppState, body: Incoming) -> Result<Bytes, RouterE
 }
 
 const INFERENCE: [&str; 3] = ["/generate", "/v1/completions", "/v1/chat/completions"];
-const INFO: [&str; 4] = ["/v1/models", "/get_model_info", "/get_server_info", "/model_info"];
+const INFO: [&str; 5] = ["/v1/models", "/get_model_info", "/get_server_info", "/model_info", "/openapi.json"];
 
 async fn inference(state: &Arc<AppState>, req: Request<Incoming>, request_id: String, started: Instant) -> Result<Response<RespBody>, RouterError> {
     let (parts, body) = req.into_parts();
