@@ -26,7 +26,7 @@ from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.runner.attention import create_backend
 from engine.runner.model_runner import ModelRunner
-from engine.sampler import TokenLogprob, sample
+from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.tokenizer import Tokenizer
@@ -224,10 +224,12 @@ class EngineCore:
         failure that belongs to one request (its sampling, its detokenization or stop strings) fails that request
         alone with a 500 naming the stage, and the rest of the batch goes on."""
         self.num_steps += 1
-        logits, sampled = self.runner.forward(batch)
+        logits, sampled, prompt_logits = self.runner.forward(batch)
         reqs = [s.req for s in sampled]
         errors: dict[int, Exception] = {}
         with torch.inference_mode():  # the logits are inference tensors: penalties update them in place
+            for seq, rows in prompt_logits:
+                record_prompt_logprobs(seq.req, seq.start, rows)
             tokens, logprobs = sample(logits, reqs, self.generator, errors) if reqs else ([], [])
         outputs = [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items()]
         produced = self.scheduler.update(batch, {r: t for i, (r, t) in enumerate(zip(reqs, tokens))

@@ -59,6 +59,7 @@ class Request:
     # filled by other components
     detok: Any = None
     output_logprobs: list[Any] = field(default_factory=list)
+    prompt_logprobs: list[Any] = field(default_factory=list)  # entry j: prompt token j + 1 (echo with logprobs)
 
     @property
     def fill_ids(self) -> list[int]:

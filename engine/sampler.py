@@ -157,3 +157,18 @@ def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
     for i in errors or ():
         token_list[i], logprobs[i] = -1, None
     return token_list, logprobs
+
+
+def record_prompt_logprobs(req: Request, start: int, rows: torch.Tensor) -> None:
+    """Append the logprobs of prompt tokens start + 1 ... from the logits of positions start ... (raw, before
+    any penalty or bias). A recomputed chunk (after retraction) adds nothing twice."""
+    k = req.sampling.prompt_logprobs or 0
+    lp = torch.log_softmax(rows.float(), dim=-1)
+    targets = torch.tensor(req.prompt_ids[start + 1:start + 1 + rows.shape[0]], dtype=torch.long)
+    chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    tops = lp.topk(k, dim=-1) if k else None
+    for i, (token, value) in enumerate(zip(targets.tolist(), chosen)):
+        if start + i != len(req.prompt_logprobs):
+            continue
+        top = list(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if tops is not None else []
+        req.prompt_logprobs.append(TokenLogprob(token, float(value), top))

@@ -33,6 +33,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: and the top k
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's -100..100)
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the top k (echo)
 
     @property
     def greedy(self) -> bool:
@@ -78,5 +79,7 @@ class SamplingParams:
                     raise bad("logit_bias", f"has token id {t}, outside the vocabulary [0, {vocab_size})")
                 if not -100.0 <= v <= 100.0:
                     raise bad("logit_bias", f"values must be in [-100, 100], got {v} for token {t}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise bad("logprobs", f"must be in [0, 20], got {self.prompt_logprobs}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")

@@ -135,10 +135,10 @@ def record_logits(core) -> dict[str, list]:  # noqa: ANN001 - an EngineCore
     forward = core.runner.forward
 
     def wrapped(batch):  # noqa: ANN001, ANN202
-        logits, sampled = forward(batch)
-        for row, seq in zip(logits, sampled):
+        out = forward(batch)
+        for row, seq in zip(out.logits, out.sampled):
             seen.setdefault(seq.req.rid, []).append(row.clone())
-        return logits, sampled
+        return out
     core.runner.forward = wrapped
     return seen
 

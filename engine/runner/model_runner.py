@@ -1,6 +1,9 @@
 """The model runner: flattens a scheduled batch into tensors (token ids, positions, pool slots, page tables),
-runs the model through the attention backend, and returns the logits of the positions to sample."""
+runs the model through the attention backend, and returns the logits of the positions to sample, and of every
+prompt position of a request that asked for prompt logprobs (echo with logprobs)."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -8,6 +11,14 @@ from engine.mem.kv_pool import KVPool
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionBackend, AttentionMeta, ExtendSeq
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor  # [len(sampled), vocab] float32
+    sampled: list[ScheduledSeq]
+    # per extend chunk that asked for prompt logprobs: the chunk and the logits of its positions that predict a
+    # prompt token (positions seq.start, seq.start + 1, ...)
+    prompt_logits: list[tuple[ScheduledSeq, torch.Tensor]]
 
 
 class ModelRunner:
@@ -22,8 +33,8 @@ class ModelRunner:
         return pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
     @torch.inference_mode()
-    def forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """Returns logits [n, vocab] (float32) for the sampled sequences, in the returned order."""
+    def forward(self, batch: ScheduledBatch) -> ForwardOutput:
+        """Logits [n, vocab] (float32) for the sampled sequences, in the returned order, and the prompt rows."""
         p = self.page_size
         decode = [s for s in batch.seqs if s.num_tokens == 1]
         extend = [s for s in batch.seqs if s.num_tokens > 1]
@@ -45,6 +56,7 @@ class ModelRunner:
                 logit_rows.append(len(ids) - 1)
                 sampled.append(s)
         extends: list[ExtendSeq] = []
+        prompt_rows: list[tuple[ScheduledSeq, int, int]] = []
         for s in extend:
             req = s.req
             q_start = len(ids)
@@ -56,6 +68,13 @@ class ModelRunner:
             if s.sample:
                 logit_rows.append(len(ids) - 1)
                 sampled.append(s)
+            if req.sampling.prompt_logprobs is not None:  # positions whose next token is a prompt token
+                last = min(s.end, len(req.prompt_ids) - 1)
+                if last > s.start:
+                    prompt_rows.append((s, q_start, last - s.start))
+        n_sampled = len(logit_rows)
+        for _, q_start, n in prompt_rows:
+            logit_rows.extend(range(q_start, q_start + n))
         width = max((len(t) for t in table), default=0)
         meta = AttentionMeta(
             out_slots=torch.tensor(slots, dtype=torch.long, device=self.device),
@@ -72,4 +91,8 @@ class ModelRunner:
             torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             self.backend,
         )
-        return logits, sampled
+        prompt_logits, at = [], n_sampled
+        for seq, _, n in prompt_rows:
+            prompt_logits.append((seq, logits[at:at + n]))
+            at += n
+        return ForwardOutput(logits[:n_sampled], sampled, prompt_logits)

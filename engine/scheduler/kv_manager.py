@@ -21,7 +21,9 @@ class KVManager:
 
     def match(self, req: Request) -> MatchResult:
         """Longest cached prefix, leaving at least one token to compute (its logits give the next token)."""
-        return self.cache.match_prefix(req.tokens(0, req.seq_len - 1), req.extra_key)
+        # prompt logprobs need every prompt position's logits: nothing may come from the cache
+        key = [] if req.sampling.prompt_logprobs is not None else req.tokens(0, req.seq_len - 1)
+        return self.cache.match_prefix(key, req.extra_key)
 
     def reserve(self, pages: int) -> bool:
         """Make ``pages`` free pages available, evicting unlocked cache entries if needed."""

@@ -65,9 +65,14 @@ def _finish_reason(req: Request) -> str | None:
 
 async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
     ctx.check_model(body.model)
-    if body.echo or body.suffix:
-        raise APIError(400, "echo and suffix are not supported", "unsupported_parameter",
-                       "echo" if body.echo else "suffix")
+    if body.suffix:
+        raise APIError(400, "suffix (insertion) is not supported", "unsupported_parameter", "suffix")
+    if body.echo and body.stream:
+        raise APIError(400, "echo cannot be streamed yet; ask without stream", "unsupported_parameter", "echo")
+    if body.echo and body.logprobs is not None and ctx.role != "colocated":
+        raise APIError(400, "prompt logprobs (echo with logprobs) are not available through PD yet; ask a "
+                            "colocated server", "unsupported_parameter", "echo")
+    score_only = body.echo and body.max_tokens == 0  # lm-eval's loglikelihood: the prompt's logprobs, no output
     best_of = body.best_of if body.best_of is not None else body.n
     if not body.n <= best_of <= MAX_N:
         raise APIError(400, f"best_of={best_of} must be at least n={body.n} and at most {MAX_N}",
@@ -78,8 +83,10 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     prompts = _completion_prompts(ctx, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     # best_of ranks candidates by cumulative logprob, so those are computed even when the client did not ask
-    params = body.sampling_params(max_tokens, body.logprobs if body.logprobs is not None or best_of == body.n
-                                  else 0)
+    params = body.sampling_params(1 if score_only else max_tokens,
+                                  body.logprobs if body.logprobs is not None or best_of == body.n else 0)
+    if body.echo and body.logprobs is not None:
+        params.prompt_logprobs = body.logprobs
     rid = request_id(http, body, "cmpl")
     candidates = build_requests(ctx, prompts, params, best_of, rid, body)
     reqs = candidates
@@ -94,10 +101,33 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if best_of > body.n:
         reqs = best_candidates(candidates, best_of, body.n)
         index = {r.rid: i for i, r in enumerate(reqs)}
+    if score_only:
+        for r in candidates:  # the one token computed to finish the prefill is not part of the answer
+            r.output_ids, r.output_logprobs, r.detok.text, r.finish_reason = [], [], "", "length"
     choices = [{"index": index[r.rid], "text": r.detok.text,
                 "logprobs": _legacy_logprobs(ctx, r.output_logprobs, 0) if body.logprobs is not None else None,
                 "finish_reason": _finish_reason(r)} for r in reqs]
+    if body.echo:
+        for choice, r in zip(choices, reqs):
+            _echo(ctx, choice, r, body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None)
     return JSONResponse({**base, "choices": choices, "usage": usage(candidates)})  # every candidate's tokens count
+
+
+def _echo(ctx: ServingContext, choice: dict, req: Request, raw: object, prompt_index: int, logprobs: bool) -> None:
+    """Prefix the prompt to a choice's text and, with logprobs, its tokens (the first has no logprob)."""
+    given = raw if isinstance(raw, str) else raw[prompt_index] if isinstance(raw, list) and not all(
+        isinstance(x, int) for x in raw) else None
+    text = given if isinstance(given, str) else ctx.core.tokenizer.decode(req.prompt_ids, skip_special_tokens=False)
+    choice["text"] = text + choice["text"]
+    if not logprobs:
+        return
+    prompt = _legacy_logprobs(ctx, [TokenLogprob(req.prompt_ids[0], 0.0, [])] + req.prompt_logprobs, 0)
+    prompt["token_logprobs"][0] = None
+    prompt["top_logprobs"][0] = None
+    out = choice["logprobs"]
+    shift = len("".join(prompt["tokens"]))
+    choice["logprobs"] = {k: prompt[k] + ([o + shift for o in out[k]] if k == "text_offset" else out[k])
+                          for k in prompt}
 
 
 def best_candidates(candidates: list[Request], best_of: int, n: int) -> list[Request]:

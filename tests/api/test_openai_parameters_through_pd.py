@@ -153,7 +153,10 @@ def test_completions_parameters(client, model) -> None:  # noqa: ANN001
     every = client.completions.create(**sampled, n=3, logprobs=0).choices
     best = client.completions.create(**sampled, best_of=3).choices
     assert len(best) == 1 and best[0].text == max(every, key=lambda c: sum(c.logprobs.token_logprobs)).text
-    for kw, param in (({"best_of": 3, "n": 4}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix")):
+    echoed = client.completions.create(**base, echo=True).choices[0]
+    assert echoed.text == "The sea is" + one.choices[0].text
+    for kw, param in (({"best_of": 3, "n": 4}, "best_of"), ({"echo": True, "logprobs": 1}, "echo"),
+                      ({"echo": True, "stream": True}, "echo"), ({"suffix": "!"}, "suffix")):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(**base, **kw)
         assert e.value.body["param"] == param

@@ -68,3 +68,32 @@ def test_logit_bias_bans_the_answer_the_model_would_give(smollm2_server: ServerP
                                       logit_bias=banned)
     text = reply.choices[0].message.content
     assert text and "Paris" not in text, text
+
+
+def test_echo_with_logprobs_scores_the_prompt_like_transformers(smollm2_server: ServerProcess, hf_model,
+                                                               hf_tokenizer) -> None:  # noqa: ANN001
+    """lm-eval-harness's loglikelihood request: echo, logprobs, max_tokens 0. Each prompt token's logprob equals
+    transformers' (the first token has none); asking twice gives the same (nothing comes from the cache)."""
+    import torch
+    c = client(smollm2_server)
+    prompt = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = hf_tokenizer.encode(prompt)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    expected = [ref[i - 1, t].item() for i, t in enumerate(ids) if i]
+    for _ in range(2):
+        r = c.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=2)
+        choice = r.choices[0]
+        assert choice.text == prompt and r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+        lp = choice.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.tokens) == len(ids)
+        assert "".join(lp.tokens) == hf_tokenizer.decode(ids)
+        diff = max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], expected))
+        assert diff < 1e-3, diff
+        assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    more = c.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=3, echo=True, logprobs=0,
+                                temperature=0).choices[0]
+    assert more.text.startswith(prompt) and len(more.logprobs.tokens) == len(ids) + 3
+    assert more.logprobs.text_offset[len(ids)] == len(prompt)
+    plain = c.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=3, echo=True, temperature=0)
+    assert plain.choices[0].text == more.text and plain.choices[0].logprobs is None
