@@ -33,3 +33,5 @@ def test_breaker_opens_on_failures_and_closes_after_recovery(cluster: Cluster) -
     wait_until(recovered, 10, step=0.3, what="circuit closed again")
     served = {httpx.post(f"{r.url}/generate", json={"text": str(i)}).json()["worker"] for i in range(4)}
     assert served == {a.name, b.name}
+    logs = r.logs()  # both transitions are logged, naming the worker
+    assert "circuit breaker opened" in logs and "circuit breaker closed" in logs and a.url in logs

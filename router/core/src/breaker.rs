@@ -41,13 +41,15 @@ struct Inner {
 #[derive(Debug)]
 pub struct CircuitBreaker {
     cfg: BreakerConfig,
+    worker: String, // for the log lines when it opens and closes
     inner: Mutex<Inner>,
 }
 
 impl CircuitBreaker {
-    pub fn new(cfg: BreakerConfig) -> Self {
+    pub fn new(cfg: BreakerConfig, worker: &str) -> Self {
         CircuitBreaker {
             cfg,
+            worker: worker.to_string(),
             inner: Mutex::new(Inner {
                 state: BreakerState::Closed,
                 failures: 0,
@@ -106,12 +108,17 @@ impl CircuitBreaker {
                 g.successes += 1;
                 if g.successes >= self.cfg.success_threshold.max(1) {
                     g.state = BreakerState::Closed;
+                    tracing::info!(worker = %self.worker, "circuit breaker closed: the worker gets requests again");
                 }
             }
         } else {
             g.successes = 0;
             g.failures += 1;
             if g.state == BreakerState::HalfOpen || g.failures >= self.cfg.failure_threshold {
+                if g.state != BreakerState::Open {
+                    tracing::warn!(worker = %self.worker, failures = g.failures, open_for_s = self.cfg.open_for.as_secs_f64(),
+                                   "circuit breaker opened: the worker gets no new requests for a while");
+                }
                 g.state = BreakerState::Open;
                 g.opened_at = Instant::now();
             }
@@ -124,7 +131,7 @@ mod tests {
     use super::*;
 
     fn cb(ms: u64) -> CircuitBreaker {
-        CircuitBreaker::new(BreakerConfig { failure_threshold: 2, success_threshold: 2, open_for: Duration::from_millis(ms) })
+        CircuitBreaker::new(BreakerConfig { failure_threshold: 2, success_threshold: 2, open_for: Duration::from_millis(ms) }, "w")
     }
 
     #[test]

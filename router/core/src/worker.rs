@@ -78,7 +78,7 @@ impl Worker {
             fails: AtomicU32::new(0),
             oks: AtomicU32::new(0),
             duration_ns: AtomicU64::new(0),
-            breaker: CircuitBreaker::new(breaker),
+            breaker: CircuitBreaker::new(breaker, url),
         })
     }
 
