@@ -227,11 +227,15 @@ class EngineCore:
         logits, sampled, prompt_logits = self.runner.forward(batch)
         reqs = [s.req for s in sampled]
         errors: dict[int, Exception] = {}
+        outputs: list[StepOutput] = []
         with torch.inference_mode():  # the logits are inference tensors: penalties update them in place
             for seq, rows in prompt_logits:
-                record_prompt_logprobs(seq.req, seq.start, rows)
+                try:
+                    record_prompt_logprobs(seq.req, seq.start, rows)
+                except Exception as e:  # noqa: BLE001 - this request's logprobs, not the batch's
+                    outputs.append(self.fail_request(seq.req, "prompt logprobs", e))  # update() then skips it
             tokens, logprobs = sample(logits, reqs, self.generator, errors) if reqs else ([], [])
-        outputs = [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items()]
+        outputs += [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items() if not reqs[i].finished]
         produced = self.scheduler.update(batch, {r: t for i, (r, t) in enumerate(zip(reqs, tokens))
                                                  if i not in errors})
         lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}

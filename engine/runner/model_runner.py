@@ -32,6 +32,15 @@ class ModelRunner:
     def _slot(self, pages: list[int], pos: int) -> int:
         return pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
+    @staticmethod
+    def _prompt_rows(s: ScheduledSeq, q_start: int, rows: list[tuple[ScheduledSeq, int, int]]) -> None:
+        """For a request that asked for prompt logprobs: the chunk's positions whose next token is a prompt token."""
+        if s.req.sampling.prompt_logprobs is None:
+            return
+        last = min(s.end, len(s.req.prompt_ids) - 1)
+        if last > s.start:
+            rows.append((s, q_start, last - s.start))
+
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
         """Logits [n, vocab] (float32) for the sampled sequences, in the returned order, and the prompt rows."""
@@ -45,8 +54,10 @@ class ModelRunner:
         sampled: list[ScheduledSeq] = []
         kv_lens: list[int] = []
         table: list[list[int]] = []
-        for s in decode:
+        prompt_rows: list[tuple[ScheduledSeq, int, int]] = []
+        for s in decode:  # one token each (a prefill chunk of one token lands here too)
             req, pos = s.req, s.start
+            self._prompt_rows(s, len(ids), prompt_rows)
             ids.extend(req.tokens(pos, pos + 1))
             positions.append(pos)
             slots.append(self._slot(req.pages, pos))
@@ -56,7 +67,6 @@ class ModelRunner:
                 logit_rows.append(len(ids) - 1)
                 sampled.append(s)
         extends: list[ExtendSeq] = []
-        prompt_rows: list[tuple[ScheduledSeq, int, int]] = []
         for s in extend:
             req = s.req
             q_start = len(ids)
@@ -68,10 +78,7 @@ class ModelRunner:
             if s.sample:
                 logit_rows.append(len(ids) - 1)
                 sampled.append(s)
-            if req.sampling.prompt_logprobs is not None:  # positions whose next token is a prompt token
-                last = min(s.end, len(req.prompt_ids) - 1)
-                if last > s.start:
-                    prompt_rows.append((s, q_start, last - s.start))
+            self._prompt_rows(s, q_start, prompt_rows)
         n_sampled = len(logit_rows)
         for _, q_start, n in prompt_rows:
             logit_rows.extend(range(q_start, q_start + n))

@@ -1,6 +1,7 @@
 """/v1/completions and /v1/chat/completions, streamed (SSE ending in ``data: [DONE]``) and not."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -86,7 +87,7 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     params = body.sampling_params(1 if score_only else max_tokens,
                                   body.logprobs if body.logprobs is not None or best_of == body.n else 0)
     if body.echo and body.logprobs is not None:
-        params.prompt_logprobs = body.logprobs
+        params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
     rid = request_id(http, body, "cmpl")
     candidates = build_requests(ctx, prompts, params, best_of, rid, body)
     reqs = candidates
@@ -101,16 +102,18 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if best_of > body.n:
         reqs = best_candidates(candidates, best_of, body.n)
         index = {r.rid: i for i, r in enumerate(reqs)}
-    if score_only:
-        for r in candidates:  # the one token computed to finish the prefill is not part of the answer
-            r.output_ids, r.output_logprobs, r.detok.text, r.finish_reason = [], [], "", "length"
-    choices = [{"index": index[r.rid], "text": r.detok.text,
-                "logprobs": _legacy_logprobs(ctx, r.output_logprobs, 0) if body.logprobs is not None else None,
-                "finish_reason": _finish_reason(r)} for r in reqs]
+    # with score_only, the one token computed to finish the prefill is not part of the answer
+    choices = [{"index": index[r.rid], "text": "" if score_only else r.detok.text,
+                "logprobs": _legacy_logprobs(ctx, [] if score_only else r.output_logprobs, 0)
+                if body.logprobs is not None else None,
+                "finish_reason": "length" if score_only else _finish_reason(r)} for r in reqs]
     if body.echo:
         for choice, r in zip(choices, reqs):
             _echo(ctx, choice, r, body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None)
-    return JSONResponse({**base, "choices": choices, "usage": usage(candidates)})  # every candidate's tokens count
+    counts = usage(candidates)  # every candidate's tokens count
+    if score_only:
+        counts.update(completion_tokens=0, total_tokens=counts["prompt_tokens"])
+    return JSONResponse({**base, "choices": choices, "usage": counts})
 
 
 def _echo(ctx: ServingContext, choice: dict, req: Request, raw: object, prompt_index: int, logprobs: bool) -> None:
