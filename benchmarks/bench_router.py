@@ -22,7 +22,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.process import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def wait_http(url: str, timeout: float = 60.0, method: str = "GET", body: bytes | None = None) -> None:

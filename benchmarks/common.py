@@ -138,10 +138,8 @@ class Process:
 
     @staticmethod
     def free_port() -> int:
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+        from deploy.process import free_ports
+        return free_ports(1)[0]
 
     def wait_ready(self, path: str, timeout: float = 300.0) -> None:
         import httpx

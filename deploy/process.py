@@ -95,15 +95,33 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+_handed_out: set[tuple[str, int]] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that were free a moment ago (held together, so none is handed out twice)."""
-    socks = []
+    """``count`` distinct ports that were free a moment ago, none handed out before by this process.
+
+    The kernel may give the same ephemeral port to two ``bind(0)`` calls made one after the other once the first
+    socket is closed; a launcher that asks twice before either server binds (an HTTP port, then a bootstrap port)
+    would then start two servers on one port. Remembering every port handed out rules that out."""
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        with _handed_out_lock:
+            for _ in range(64 * count):
+                if len(socks) == count:
+                    break
+                s = socket.socket()
+                s.bind((host, 0))
+                if (host, s.getsockname()[1]) in _handed_out:
+                    s.close()
+                    continue
+                socks.append(s)
+            if len(socks) < count:
+                raise OSError(f"no {count} fresh free ports on {host}")
+            ports = [s.getsockname()[1] for s in socks]
+            _handed_out.update((host, p) for p in ports)
+            return ports
     finally:
         for s in socks:
             s.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,9 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port never handed out before in this test session (see ``deploy.process.free_ports``)."""
+    from deploy.process import free_ports
+    return free_ports(1)[0]
 
 
 def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool = False,

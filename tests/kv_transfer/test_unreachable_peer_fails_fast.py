@@ -10,9 +10,8 @@ from kv_harness import PeerError
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from deploy.process import free_ports
+    return free_ports(1)[0]
 
 
 def test_unreachable_peer_fails_fast(spawn) -> None:

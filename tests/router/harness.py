@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,9 +19,8 @@ STARTUP_S = 20.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from deploy.process import free_ports
+    return free_ports(1)[0]
 
 
 def wait_until(pred: Any, timeout: float = 10.0, step: float = 0.05, what: str = "condition") -> None:
