@@ -3,7 +3,8 @@
 A PD request queues until pages for its prompt can be reserved without over-committing (the scheduler's
 ``kv_queue``); then the role opens its room: the decode side's pages after what its own radix cache already
 holds, an aux slot, and that held-prefix count go to the prefill worker. When the room succeeds the request
-joins the decode batch with the first token from the aux record. A failed or aborted room ends the request
+joins the decode batch with the first token from the aux record (and, when it asked for them, the prompt's
+logprobs from the Success event: the prefill forward computed them). A failed or aborted room ends the request
 with an error and its pages are quarantined for ``kv_quarantine`` seconds before they are freed."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from decode_worker.config import DecodeConfig
 from engine.engine_core import EngineCore, StepOutput
 from engine.request import Abort, Request
 from engine.role import EngineRole
-from engine.sampler import TokenLogprob
+from engine.sampler import TokenLogprob, unpack_logprobs
 from kv_transfer import DecodeTransferManager, KVReceiver, KVTransferError, RoomState
 
 log = logging.getLogger("decode_worker")
@@ -81,8 +82,17 @@ class DecodeRole(EngineRole):
     def _activate(self, core: EngineCore, inc: Incoming) -> StepOutput:
         record = inc.receiver.aux_record
         assert record is not None and record.room == inc.req.pd.room
-        self._close_room(inc)
         req = inc.req
+        if req.sampling.prompt_logprobs is not None:
+            try:
+                prompt_lps = unpack_logprobs(inc.receiver.extra_payload)
+            except ValueError as e:
+                return self._fail(core, inc, f"the prefill worker sent no usable prompt logprobs ({e})")
+            if len(prompt_lps) != len(req.prompt_ids) - 1:
+                return self._fail(core, inc, f"the prefill worker sent {len(prompt_lps)} prompt logprobs for "
+                                             f"{len(req.prompt_ids)} prompt tokens")
+            req.prompt_logprobs = prompt_lps
+        self._close_room(inc)
         req.hold_kv = False
         req.cached_tokens = record.cached_tokens  # prompt tokens the prefill worker found in its cache
         core.scheduler.activate(req, record.first_token_id)

@@ -43,10 +43,35 @@ class TokenLogprob:
         return head + b"".join(struct.pack("<if", t, v) for t, v in self.top)
 
     @classmethod
-    def unpack(cls, data: bytes) -> TokenLogprob:
-        token, logprob, n = struct.unpack_from("<ifB", data)
-        top = [struct.unpack_from("<if", data, 9 + 8 * i) for i in range(n)]
+    def unpack(cls, data: bytes, offset: int = 0) -> TokenLogprob:
+        token, logprob, n = struct.unpack_from("<ifB", data, offset)
+        top = [struct.unpack_from("<if", data, offset + 9 + 8 * i) for i in range(n)]
         return cls(token, logprob, [(int(t), float(v)) for t, v in top])
+
+    @property
+    def packed_size(self) -> int:
+        return 9 + 8 * len(self.top)
+
+
+def pack_logprobs(lps: list[TokenLogprob]) -> bytes:
+    """A list of logprobs as bytes (the prefill worker sends a prompt's logprobs to the decode worker)."""
+    return struct.pack("<I", len(lps)) + b"".join(lp.pack() for lp in lps)
+
+
+def unpack_logprobs(data: bytes) -> list[TokenLogprob]:
+    """The inverse of pack_logprobs; ValueError for bytes that are not a whole list."""
+    try:
+        (count,) = struct.unpack_from("<I", data)
+        out, offset = [], 4
+        for _ in range(count):
+            lp = TokenLogprob.unpack(data, offset)
+            out.append(lp)
+            offset += lp.packed_size
+    except struct.error as e:
+        raise ValueError(f"truncated logprobs payload: {e}") from None
+    if offset != len(data):
+        raise ValueError(f"logprobs payload has {len(data) - offset} trailing bytes")
+    return out
 
 
 def adjust_row(x: torch.Tensor, req: Request) -> None:

@@ -36,7 +36,8 @@ Decode side (receiver)
   KVReceiver
       .init(dst_pages: Sequence[int], aux_slot: int, held_prefix_tokens: int = 0) -> None
       .poll() -> RoomState   .failure -> Failure | None   .failure_reason -> str | None
-      .aux_record -> AuxRecord | None (after Success)   .abort(reason)   .release()
+      .aux_record -> AuxRecord | None (after Success)   .extra_payload -> bytes (after Success)
+      .abort(reason)   .release()
 
 Prefill side (sender)
   PrefillTransferManager(config, layout, *, bootstrap_port: int, worker_id="prefill",
@@ -45,7 +46,8 @@ Prefill side (sender)
       .rooms_by_state()   .close()
   KVSender
       .poll() -> RoomState   .dst_pages -> tuple[int, ...] | None   .held_prefix_tokens -> int | None
-      .send(src_pages, *, last=False, first_token_id=None, cached_tokens=0) -> bool  (non-blocking)
+      .send(src_pages, *, last=False, first_token_id=None, cached_tokens=0, aux_payload=b"",
+            extra_payload=b"") -> bool  (non-blocking; extra_payload rides on the Success event)
       .failure  .failure_reason  .abort(reason)  .release()
 
 States and errors

@@ -19,6 +19,7 @@ from kv_transfer.errors import ConfigError, PageIndexError
 RECORD_FORMAT = "<qqqI"  # first_token_id, cached_tokens, room (int64s), payload length (uint32), little-endian
 RECORD_SIZE = struct.calcsize(RECORD_FORMAT)  # the header; the payload follows it
 MAX_RECORD_BYTES = 512  # the largest record a prefill worker stages
+MAX_EXTRA_PAYLOAD = 48 << 20  # the largest payload a Success event carries (the decode side's gRPC limit is above)
 EMPTY_ROOM = -1
 
 

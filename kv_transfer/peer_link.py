@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 
+from kv_transfer.aux import MAX_EXTRA_PAYLOAD
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import KVTransferError, PeerUnreachableError, UnknownPeerError, UnknownRoomError
 from kv_transfer.protogen import stubs
@@ -52,7 +53,8 @@ class PeerLink:
         self._stream: Any = None
         pb2, pb2_grpc = stubs()
         self._pb = pb2
-        self._channel = grpc.insecure_channel(self.address)
+        self._channel = grpc.insecure_channel(self.address, options=[
+            ("grpc.max_receive_message_length", MAX_EXTRA_PAYLOAD + (1 << 20))])  # a Success event's extra payload
         self._stub = pb2_grpc.KVBootstrapStub(self._channel)
         threading.Thread(target=self._run_ops, name=f"kv-link-{self.address}", daemon=True).start()
 

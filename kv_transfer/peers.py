@@ -70,10 +70,10 @@ class DecodePeer:
         self.last_seen = time.monotonic()
 
     def publish(self, room: int, state: RoomState, *, kind: str = "", reason: str = "", pages_done: int = 0,
-                staged: tuple[int, int, int] | None = None) -> None:
+                staged: tuple[int, int, int] | None = None, extra_payload: bytes = b"") -> None:
         m = pb()
         self.events.put(m.RoomEvent(room=room, state=state_to_msg(state), failure_kind=kind, reason=reason,
-                                    pages_done=pages_done,
+                                    pages_done=pages_done, extra_payload=extra_payload,
                                     staged=m.StagedPages(slot=staged[0], first=staged[1], count=staged[2])
                                     if staged else None))
 

@@ -192,7 +192,9 @@ class PrefillTransferManager:
         peer = sender.peer
         if peer is not None and peer.alive:
             kind, reason = (failure.kind.value, failure.message) if failure and new == RoomState.FAILED else ("", "")
-            peer.publish(sender.room, new, kind=kind, reason=reason, pages_done=sender.pages_done)
+            extra = sender.extra_payload if new == RoomState.SUCCESS else b""
+            peer.publish(sender.room, new, kind=kind, reason=reason, pages_done=sender.pages_done,
+                         extra_payload=extra)
 
     def _drop_peer(self, peer: DecodePeer, why: str) -> None:
         was_alive = peer.alive

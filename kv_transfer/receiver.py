@@ -46,6 +46,7 @@ class KVReceiver(RoomHandle):
         self.aux_slot: int | None = None
         self.held_prefix_tokens = 0
         self.aux_record: AuxRecord | None = None  # set on Success
+        self.extra_payload = b""  # what the Success event carried
         self.opened = False  # OpenRoom was sent, so the prefill side may know the room
         self.started: float | None = None
         self._tell_peer = True
@@ -109,6 +110,7 @@ class KVReceiver(RoomHandle):
         if state == RoomState.FAILED:
             self.fail_from_peer(_remote_kind(event.failure_kind), f"prefill side: {event.reason}")
         elif state == RoomState.SUCCESS:
+            self.extra_payload = bytes(event.extra_payload)
             self._finish(event.pages_done)
         elif state == RoomState.TRANSFERRING:
             if self.started is None:

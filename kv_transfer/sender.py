@@ -5,7 +5,8 @@ arrives; the decode side's room info may have arrived before or arrives after. p
 WaitingForInput once it is here; then `dst_pages` and `held_prefix_tokens` tell what to send.
 send() validates on the caller's thread and queues the chunk to the peer's writer thread, so it
 never blocks on the network. Chunks map in order onto dst_pages; the last one also writes the aux
-record, and Success is reported to the decode side only after that write completed.
+record, and Success is reported to the decode side only after that write completed. A payload too large for an
+aux record (a prompt's logprobs) rides on the Success event itself (`extra_payload`, up to MAX_EXTRA_PAYLOAD).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from kv_transfer.aux import AuxRecord, RECORD_SIZE
+from kv_transfer.aux import MAX_EXTRA_PAYLOAD, RECORD_SIZE, AuxRecord
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
 from kv_transfer.layout import KVLayout, split_batches, write_entries, write_runs
@@ -59,15 +60,17 @@ class KVSender(RoomHandle):
         self.pages_queued = 0
         self.pages_done = 0
         self._last_queued = False
+        self.extra_payload = b""  # sent with Success
         self.started: float | None = None
 
     # --- caller API (poll, state, failure, failure_reason, release: see RoomHandle) ---------------
     def send(self, src_pages: Sequence[int], *, last: bool = False, first_token_id: int | None = None,
-             cached_tokens: int = 0, aux_payload: bytes = b"") -> bool:
+             cached_tokens: int = 0, aux_payload: bytes = b"", extra_payload: bytes = b"") -> bool:
         """Queue the next chunk: src_pages are written into the next len(src_pages) dst_pages.
 
         With last=True the chunk must complete dst_pages, and first_token_id/cached_tokens (and an
-        optional aux_payload, which must fit the decode side's aux records) form the aux record.
+        optional aux_payload, which must fit the decode side's aux records) form the aux record; extra_payload
+        (at most MAX_EXTRA_PAYLOAD bytes) reaches the decode side with Success.
         Returns False (nothing queued) if the room already failed; raises PageIndexError /
         InvalidRoomError for bad input, before anything is written.
         """
@@ -97,6 +100,10 @@ class KVSender(RoomHandle):
                 if RECORD_SIZE + len(aux.payload) > room_bytes:
                     raise PageIndexError(f"room {self.room}: aux payload of {len(aux.payload)} bytes does not fit "
                                          f"the decode side's {room_bytes}-byte aux records", room=self.room)
+                if len(extra_payload) > MAX_EXTRA_PAYLOAD:
+                    raise PageIndexError(f"room {self.room}: extra payload of {len(extra_payload)} bytes exceeds "
+                                         f"{MAX_EXTRA_PAYLOAD}", room=self.room)
+                self.extra_payload = bytes(extra_payload)
             chunk = Chunk(src, self.dst_pages[self.pages_queued:end], self.pages_queued, last, aux)
             self.pages_queued = end
             self._last_queued = last

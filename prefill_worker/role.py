@@ -14,6 +14,7 @@ from engine.engine_core import EngineCore, StepOutput
 from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.sampling_params import InvalidRequestError
+from engine.sampler import pack_logprobs
 from engine.scheduler import ScheduledBatch
 from kv_transfer import KVSender, KVTransferError, PrefillTransferManager, RoomState
 
@@ -84,8 +85,9 @@ class PrefillRole(EngineRole):
         pages = req.pages[out.start_page + out.sent:out.start_page + ready]
         if req.prefill_done:  # the whole prompt is computed: the rest, the first token and the aux record
             logprobs = req.output_logprobs[0].pack() if req.output_logprobs else b""
+            prompt_lps = pack_logprobs(req.prompt_logprobs) if req.sampling.prompt_logprobs is not None else b""
             sender.send(pages, last=True, first_token_id=req.output_ids[0], cached_tokens=req.cached_tokens or 0,
-                        aux_payload=logprobs)
+                        aux_payload=logprobs, extra_payload=prompt_lps)
         else:
             sender.send(pages)
         out.sent, out.last_sent = ready, req.prefill_done

@@ -68,11 +68,6 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     ctx.check_model(body.model)
     if body.suffix:
         raise APIError(400, "suffix (insertion) is not supported", "unsupported_parameter", "suffix")
-    if body.echo and body.stream:
-        raise APIError(400, "echo cannot be streamed yet; ask without stream", "unsupported_parameter", "echo")
-    if body.echo and body.logprobs is not None and ctx.role != "colocated":
-        raise APIError(400, "prompt logprobs (echo with logprobs) are not available through PD yet; ask a "
-                            "colocated server", "unsupported_parameter", "echo")
     score_only = body.echo and body.max_tokens == 0  # lm-eval's loglikelihood: the prompt's logprobs, no output
     best_of = body.best_of if body.best_of is not None else body.n
     if not body.n <= best_of <= MAX_N:
@@ -95,8 +90,10 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     created = int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": ctx.core.served_model_name}
     if body.stream:
+        echo = {r.rid: _Echo(body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None, score_only)
+                for r in reqs} if body.echo else {}
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage),
+        return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage, echo),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, candidates)
     if best_of > body.n:
@@ -109,28 +106,46 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
                 "finish_reason": "length" if score_only else _finish_reason(r)} for r in reqs]
     if body.echo:
         for choice, r in zip(choices, reqs):
-            _echo(ctx, choice, r, body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None)
+            _Echo(body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None, score_only).prefix(
+                ctx, choice, r)
     counts = usage(candidates)  # every candidate's tokens count
     if score_only:
         counts.update(completion_tokens=0, total_tokens=counts["prompt_tokens"])
     return JSONResponse({**base, "choices": choices, "usage": counts})
 
 
-def _echo(ctx: ServingContext, choice: dict, req: Request, raw: object, prompt_index: int, logprobs: bool) -> None:
-    """Prefix the prompt to a choice's text and, with logprobs, its tokens (the first has no logprob)."""
-    given = raw if isinstance(raw, str) else raw[prompt_index] if isinstance(raw, list) and not all(
-        isinstance(x, int) for x in raw) else None
-    text = given if isinstance(given, str) else ctx.core.tokenizer.decode(req.prompt_ids, skip_special_tokens=False)
-    choice["text"] = text + choice["text"]
-    if not logprobs:
-        return
-    prompt = _legacy_logprobs(ctx, [TokenLogprob(req.prompt_ids[0], 0.0, [])] + req.prompt_logprobs, 0)
-    prompt["token_logprobs"][0] = None
-    prompt["top_logprobs"][0] = None
-    out = choice["logprobs"]
-    shift = len("".join(prompt["tokens"]))
-    choice["logprobs"] = {k: prompt[k] + ([o + shift for o in out[k]] if k == "text_offset" else out[k])
-                          for k in prompt}
+@dataclasses.dataclass(frozen=True)
+class _Echo:
+    """What ``echo`` puts before a choice: the prompt as the client gave it and, with logprobs, its tokens and
+    their logprobs (the first token has none). ``score_only``: max_tokens 0, the one token computed is hidden."""
+    raw: object
+    prompt_index: int
+    logprobs: bool
+    score_only: bool
+
+    def parts(self, ctx: ServingContext, req: Request) -> tuple[str, dict | None]:
+        raw = self.raw
+        given = raw if isinstance(raw, str) else raw[self.prompt_index] if isinstance(raw, list) and not all(
+            isinstance(x, int) for x in raw) else None
+        text = given if isinstance(given, str) else ctx.core.tokenizer.decode(req.prompt_ids,
+                                                                               skip_special_tokens=False)
+        if not self.logprobs:
+            return text, None
+        prompt = _legacy_logprobs(ctx, [TokenLogprob(req.prompt_ids[0], 0.0, [])] + req.prompt_logprobs, 0)
+        prompt["token_logprobs"][0] = None
+        prompt["top_logprobs"][0] = None
+        return text, prompt
+
+    def prefix(self, ctx: ServingContext, choice: dict, req: Request) -> None:
+        """Prefix the echo to a whole (non-streamed) choice."""
+        text, prompt = self.parts(ctx, req)
+        choice["text"] = text + choice["text"]
+        if prompt is None:
+            return
+        out = choice["logprobs"]
+        shift = len("".join(prompt["tokens"]))
+        choice["logprobs"] = {k: prompt[k] + ([o + shift for o in out[k]] if k == "text_offset" else out[k])
+                              for k in prompt}
 
 
 def best_candidates(candidates: list[Request], best_of: int, n: int) -> list[Request]:
@@ -143,24 +158,39 @@ def best_candidates(candidates: list[Request], best_of: int, n: int) -> list[Req
 
 
 async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
-                             index: dict[str, int], base: dict, include_usage: bool) -> AsyncIterator[str]:
+                             index: dict[str, int], base: dict, include_usage: bool,
+                             echo: dict[str, _Echo]) -> AsyncIterator[str]:
+    """With ``echo``, a request's first chunk is its prompt (and the prompt's logprobs), sent as soon as the
+    first token is known, since that is when the prompt's logprobs are."""
     offsets = {r.rid: 0 for r in reqs}
+    echoed: set[str] = set()
     async for out in outs:
         err = abort_error(out.req)
         if err is not None:
             yield sse_error(err.status, err.message, err.code)
             return
+        rid = out.req.rid
+        if rid in echo and rid not in echoed and out.req.output_ids:  # the prompt is computed
+            echoed.add(rid)
+            text, prompt = echo[rid].parts(ctx, out.req)
+            offsets[rid] = len("".join(prompt["tokens"])) if prompt is not None else len(text)
+            yield _sse({**base, "choices": [{"index": index[rid], "text": text, "logprobs": prompt,
+                                             "finish_reason": None}]})
+        score_only = rid in echo and echo[rid].score_only
         if not out.new_text and not out.finished and not out.logprobs:
             continue
-        rid = out.req.rid
-        choice = {"index": index[rid], "text": out.new_text,
-                  "logprobs": _legacy_logprobs(ctx, out.logprobs, offsets[rid]) if out.req.sampling.logprobs
+        text, lps = ("", []) if score_only else (out.new_text, out.logprobs)
+        choice = {"index": index[rid], "text": text,
+                  "logprobs": _legacy_logprobs(ctx, lps, offsets[rid]) if out.req.sampling.logprobs
                   is not None else None,
-                  "finish_reason": _finish_reason(out.req) if out.finished else None}
-        offsets[rid] += len(out.new_text)
+                  "finish_reason": ("length" if score_only else _finish_reason(out.req)) if out.finished else None}
+        offsets[rid] += len(text)
         yield _sse({**base, "choices": [choice]})
     if include_usage:
-        yield _sse({**base, "choices": [], "usage": usage(reqs)})
+        counts = usage(reqs)
+        if any(e.score_only for e in echo.values()):
+            counts.update(completion_tokens=0, total_tokens=counts["prompt_tokens"])
+        yield _sse({**base, "choices": [], "usage": counts})
     yield "data: [DONE]\n\n"
 
 

@@ -155,8 +155,50 @@ def test_completions_parameters(client, model) -> None:  # noqa: ANN001
     assert len(best) == 1 and best[0].text == max(every, key=lambda c: sum(c.logprobs.token_logprobs)).text
     echoed = client.completions.create(**base, echo=True).choices[0]
     assert echoed.text == "The sea is" + one.choices[0].text
-    for kw, param in (({"best_of": 3, "n": 4}, "best_of"), ({"echo": True, "logprobs": 1}, "echo"),
-                      ({"echo": True, "stream": True}, "echo"), ({"suffix": "!"}, "suffix")):
+    for kw, param in (({"best_of": 3, "n": 4}, "best_of"), ({"suffix": "!"}, "suffix")):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(**base, **kw)
         assert e.value.body["param"] == param
+
+
+def completion(client: openai.OpenAI, stream: bool, **kw: object) -> tuple[str, dict | None, object]:
+    """One completion's text, legacy logprobs (as plain lists) and usage, assembled from chunks when streamed."""
+    if not stream:
+        r = client.completions.create(**kw)
+        lp = r.choices[0].logprobs
+        return r.choices[0].text, lp.model_dump() if lp else None, r.usage
+    text, lps, usage = "", None, None
+    for ch in client.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        usage = ch.usage or usage
+        for c in ch.choices:
+            text += c.text
+            if c.logprobs is not None:
+                part = c.logprobs.model_dump()
+                lps = part if lps is None else {k: lps[k] + part[k] for k in lps}
+    return text, lps, usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_and_prompt_logprobs_through_pd_match_the_colocated_server(pd, client, model, stream) -> None:  # noqa: ANN001
+    """The prefill worker computes the prompt's logprobs and sends them with the room's Success; the decode worker
+    answers with them, streamed (the prompt first) or not, as the colocated server does (lm-eval's loglikelihood
+    request is the max_tokens 0 case)."""
+    local = openai.OpenAI(base_url=pd.colocated.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    prompt = "The capital of France is Paris, and the capital of Italy is"
+    for kw in ({"max_tokens": 0, "logprobs": 2}, {"max_tokens": 4, "logprobs": 1}, {"max_tokens": 4}):
+        args = dict(model=model, prompt=prompt, echo=True, temperature=0, **kw)
+        text, lps, usage = completion(client, stream, **args)
+        ref_text, ref_lps, ref_usage = completion(local, False, **args)
+        assert text == ref_text and text.startswith(prompt), (text, ref_text)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (ref_usage.prompt_tokens, ref_usage.completion_tokens)
+        if ref_lps is None:
+            assert lps is None
+            continue
+        n_prompt = ref_usage.prompt_tokens
+        assert len(ref_lps["tokens"]) == n_prompt + kw["max_tokens"]
+        assert lps["tokens"] == ref_lps["tokens"] and lps["text_offset"] == ref_lps["text_offset"]
+        assert lps["token_logprobs"][0] is None and lps["top_logprobs"][0] is None
+        diffs = [abs(a - b) for a, b in zip(lps["token_logprobs"][1:], ref_lps["token_logprobs"][1:])]
+        assert max(diffs) < 1e-3, diffs
+        for got, want in zip(lps["top_logprobs"][1:], ref_lps["top_logprobs"][1:]):
+            assert len(got) == kw["logprobs"] and all(abs(got[t] - want[t]) < 1e-3 for t in got.keys() & want)

@@ -34,3 +34,21 @@ def test_every_chunking_scores_every_prompt_token_once(tiny_model_dir: Path, chu
         assert [t for t, _ in ours] == prompt[1:]
         assert max(abs(a - b) for (_, a), (_, b) in zip(ours, whole)) < 1e-4
     core.check_integrity()
+
+
+def test_prompt_logprobs_survive_the_trip_to_the_decode_worker(tiny_model_dir: Path) -> None:
+    """What the prefill worker packs is what the decode worker unpacks; a cut or padded payload is refused."""
+    from engine.sampler import pack_logprobs, unpack_logprobs
+    core = make_core(tiny_model_dir, chunk=8)
+    params = dataclasses.replace(SamplingParams(max_new_tokens=1, temperature=0.0), prompt_logprobs=3)
+    req = core.make_request(list(range(30, 50)), params, rid="trip", detokenize=False)
+    core.run_to_completion([req])
+    data = pack_logprobs(req.prompt_logprobs)
+    back = unpack_logprobs(data)
+    assert [(b.token_id, b.logprob, b.top) for b in back] == [
+        (a.token_id, pytest.approx(a.logprob, abs=1e-6), [(t, pytest.approx(v, abs=1e-6)) for t, v in a.top])
+        for a in req.prompt_logprobs]
+    assert unpack_logprobs(pack_logprobs([])) == []
+    for bad in (data[:-1], data + b"\0", b"", data[:3]):
+        with pytest.raises(ValueError):
+            unpack_logprobs(bad)
