@@ -84,6 +84,8 @@ class ServerConfig:
     log_level: str = field(default="info", metadata={
         "help": "log level", "choices": ("debug", "info", "warning", "error")})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    max_payload_size: int = field(default=64 << 20, metadata={
+        "help": "largest request body in bytes, chunked or not (413 above; the router's default is the same)"})
     health_generate_timeout: float = field(default=20.0, metadata={
         "help": "seconds /health_generate waits for its one-token request"})
     shutdown_timeout: float = field(default=30.0, metadata={

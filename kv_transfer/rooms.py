@@ -59,11 +59,18 @@ class RoomTable(Generic[R]):
     """The manager's rooms by id, kept in step with the rooms-by-state metric.
 
     `lock` is public so a manager can make check-then-insert sequences atomic (use `put` under it).
+
+    The gauge counts, per tabled room, the state it was last counted in (not the state a change notice names):
+    a room's state changes under its own lock and the notice reaches the table after, so a removal may come
+    between the two, and notices of two quick changes may arrive out of order. Counting "what this room was
+    counted as" -> "what it is now" makes every order end with the gauge equal to the rooms' states, and at
+    zero once they are removed.
     """
 
     def __init__(self, metrics: TransferMetrics) -> None:
         self.lock = threading.Lock()
         self._rooms: dict[int, R] = {}
+        self._counted: dict[int, RoomState] = {}
         self._metrics = metrics
 
     def get(self, room: int) -> R | None:
@@ -76,23 +83,27 @@ class RoomTable(Generic[R]):
 
     def put(self, handle: R) -> None:
         """Table `handle`, replacing a finished room of the same id; caller holds `lock`."""
-        old = self._rooms.get(handle.room)
-        if old is not None:
-            self._metrics.room_changed(old.state, None)
+        if handle.room in self._rooms:
+            self._metrics.room_changed(self._counted[handle.room], None)
         self._rooms[handle.room] = handle
-        self._metrics.room_changed(None, handle.state)
+        self._counted[handle.room] = state = handle.state
+        self._metrics.room_changed(None, state)
 
     def remove(self, handle: R) -> None:
         with self.lock:
             if self._rooms.get(handle.room) is handle:
                 del self._rooms[handle.room]
-                self._metrics.room_changed(handle.state, None)
+                self._metrics.room_changed(self._counted.pop(handle.room), None)
 
     def changed(self, handle: R, old: RoomState, new: RoomState) -> None:
-        """Record a state change of `handle` (only tabled rooms count)."""
+        """Record a state change of `handle` (only tabled rooms count; see the class docstring for why `old`
+        is not what is taken off the gauge)."""
         with self.lock:
             if self._rooms.get(handle.room) is handle:
-                self._metrics.room_changed(old, new)
+                counted, now = self._counted[handle.room], handle.state
+                if counted != now:
+                    self._counted[handle.room] = now
+                    self._metrics.room_changed(counted, now)
         if new == RoomState.FAILED and handle.failure is not None:
             self._metrics.failed(handle.failure.kind)
 

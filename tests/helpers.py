@@ -2,8 +2,11 @@
 started as real processes on loopback."""
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -206,3 +209,58 @@ class ServerProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+def post_chunked(url: str, path: str, total: int, chunk: int = 1 << 16, timeout: float = 30.0) -> tuple[int, dict, int]:
+    """POST ``total`` bytes as a chunked body (no Content-Length) over a raw socket, stopping as soon as the server
+    answers or stops reading; (status, JSON body, bytes sent). For body-limit tests: a client that keeps sending."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode())
+        piece = b"[" + b"1," * (chunk // 2 - 1)
+        frame = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+        sent = 0
+        sock.settimeout(2.0)  # a server that stopped reading blocks sendall: then read its answer
+        try:
+            while sent < total and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(frame)
+                sent += len(piece)
+            if sent >= total:
+                sock.sendall(b"0\r\n\r\n")
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+        sock.settimeout(timeout)
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
+                more = sock.recv(1 << 16)
+                if not more:
+                    break
+                data += more
+        except ConnectionResetError:
+            pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head else 0
+    try:
+        parsed = json.loads(body[:_content_length(data)] or b"null")
+    except ValueError:
+        parsed = {"unparsed": body[:200].decode("latin-1")}
+    return status, parsed, sent
+
+
+def _content_length(data: bytes) -> int:
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    for line in head.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 1 << 62 if b"\r\n\r\n" not in data else 0
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")

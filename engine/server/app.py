@@ -21,7 +21,6 @@ from engine.server.protocol import (ChatCompletionRequest, CompletionRequest, De
                                     TokenizeRequest)
 from engine.server.serving import ServingContext, collect
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
 
 
@@ -43,7 +42,7 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     install_error_handlers(app)
     install_openapi(app, api_key=server_cfg.api_key is not None)
 
-    app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key)
+    app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key, max_body=server_cfg.max_payload_size)
 
     @app.get("/health")
     async def health() -> Response:
@@ -145,11 +144,15 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
 
 class GuardMiddleware:
     """Pure ASGI (so streaming and disconnect detection pass straight through): refuses oversized bodies (413)
-    and missing API keys (401), and treats every POST body as JSON whatever its content-type says (curl -d)."""
+    and missing API keys (401), and treats every POST body as JSON whatever its content-type says (curl -d).
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    A body without Content-Length (chunked) is read here, counting, and refused as soon as it passes the limit,
+    so nothing past the limit is ever held; what was read is then handed to the app as one message."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -157,9 +160,10 @@ class GuardMiddleware:
             return
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            await error_response(413, f"request body over {MAX_BODY_BYTES} bytes", "body_too_large")(
-                scope, receive, send)
+        too_large = error_response(413, f"request body over {self.max_body} bytes (--max-payload-size)",
+                                   "body_too_large")
+        if length.isdigit() and int(length) > self.max_body:
+            await too_large(scope, receive, send)
             return
         if self.expected is not None and scope["path"] not in OPEN_PATHS:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
@@ -170,7 +174,42 @@ class GuardMiddleware:
             scope = dict(scope)
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
                 (b"content-type", b"application/json")]
+        if not length.isdigit() and scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await _read_bounded(receive, self.max_body)
+            if body is None:  # over the limit (or the client left): answer now, read no further
+                await too_large(scope, receive, send)
+                return
+            receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+async def _read_bounded(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes or the client disconnects."""
+    parts, total = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that yields `body` once, then defers to the real one (for disconnects)."""
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay  # type: ignore[return-value]
 
 
 def model_dict(cfg: object) -> dict:

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.async_engine import EngineDead, EngineOverloaded
 from engine.sampling_params import InvalidRequestError
+from engine.server.protocol import UnencodableText
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def _invalid(_: Request, e: InvalidRequestError) -> JSONResponse:
         return error_response(400, str(e), e.code, e.param)
+
+    @app.exception_handler(UnencodableText)
+    async def _unencodable(_: Request, e: UnencodableText) -> JSONResponse:
+        return error_response(400, str(e), "invalid_text", e.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:

@@ -12,6 +12,47 @@ MAX_N = 16
 HARMLESS_FIELDS = ("user", "metadata", "store", "service_tier")
 
 
+class UnencodableText(Exception):
+    """A body string that UTF-8 cannot encode (a lone surrogate such as "\\ud800", which JSON escapes allow).
+    Not a ValueError, so pydantic lets it through to the app's handler, which answers 400 naming the field."""
+
+    def __init__(self, param: str) -> None:
+        super().__init__(f"{param or 'the body'} holds text that is not valid Unicode (a lone UTF-16 surrogate "
+                         "such as \\ud800); send well-formed UTF-8 text")
+        self.param = param or None
+
+
+def first_unencodable(value: object) -> str | None:
+    """The dotted path of the first string (or key) in a parsed JSON body that UTF-8 cannot encode, if any."""
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                stack.append((k, path))
+                stack.append((x, f"{path}.{k}" if path else str(k)))
+        elif isinstance(v, list) and not all(type(x) is int for x in v):
+            stack.extend((x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
+    return None
+
+
+class Body(BaseModel):
+    """A top-level request body: text in it must be encodable, whatever field it is in."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: object) -> object:
+        path = first_unencodable(data)
+        if path is not None:
+            raise UnencodableText(path)
+        return data
+
+
 def logit_bias_ids(raw: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI sends logit_bias keys as token-id strings."""
     if not raw:
@@ -27,7 +68,7 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class RoutingFields(BaseModel):
+class RoutingFields(Body):
     """Fields a router adds: request id, cache namespace and priority, and the PD bootstrap triple."""
 
     model_config = ConfigDict(extra="forbid")  # a field we do not know is refused, never silently ignored
@@ -216,7 +257,7 @@ class GenerateRequest(RoutingFields):
         return self
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     """vLLM's /tokenize: a prompt, or chat messages rendered by the template."""
 
     model_config = ConfigDict(extra="forbid")

@@ -87,7 +87,7 @@ def tiny_model_dir() -> Path:
 
 
 def run_cluster(model: Path, *decode_args: str, decode_tokens: int = 16384, flags: tuple[str, ...] = (),
-                worker_flags: tuple[str, ...] = ()) -> Iterator[Cluster]:
+                worker_flags: tuple[str, ...] = (), router_flags: tuple[str, ...] = ()) -> Iterator[Cluster]:
     """Start a cluster, yield it, stop it (the body of the cluster fixtures). ``flags`` go to all three servers
     (prefill, decode and the colocated reference), ``worker_flags`` to both workers, ``decode_args`` to the
     decode worker only."""
@@ -98,7 +98,7 @@ def run_cluster(model: Path, *decode_args: str, decode_tokens: int = 16384, flag
     try:
         for srv in (prefill, decode, colocated):
             srv.wait_ready()
-        router = start_router(prefill, bport, decode).wait_ready(path="/readiness")
+        router = start_router(prefill, bport, decode, *router_flags).wait_ready(path="/readiness")
         yield Cluster(prefill, bport, decode, colocated, router)
     finally:
         if router is not None:

@@ -44,7 +44,7 @@ def test_info_health_and_admin_routes(cluster: Cluster) -> None:
     listed = httpx.get(f"{r.url}/workers").json()["workers"]
     assert {w["url"] for w in listed} == {w1.url, w2.url} and all(w["healthy"] for w in listed)
     nf = httpx.get(f"{r.url}/nope")
-    assert nf.status_code == 404 and nf.json()["error"]["code"] == 404
+    assert nf.status_code == 404 and nf.json()["error"]["code"] == "not_found"
 
 
 def test_request_id_is_propagated_or_generated(cluster: Cluster) -> None:

@@ -66,7 +66,7 @@ pub fn remove_worker(state: &AppState, url: &str) -> Option<Arc<Worker>> {
 pub async fn post_worker(state: &AppState, body: &[u8]) -> Response<RespBody> {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(e) => return error_response(&RouterError::BadJson(e.to_string())),
+        Err(e) => return error_response(&RouterError::bad_json(&e)),
     };
     let Some(url) = v.get("url").and_then(Value::as_str) else {
         return error_response(&RouterError::BadRequest("POST /workers needs {\"url\": \"http://host:port\"}".into()));

@@ -131,7 +131,7 @@ impl Default for RouterConfig {
             eviction_interval_secs: 60.0,
             max_tree_size: 1 << 24,
             load_poll_interval_secs: 0.5,
-            max_payload_size: 256 << 20,
+            max_payload_size: 64 << 20, // the workers' default too (engine ServerConfig; a test checks)
             request_timeout_secs: 1800.0,
             max_concurrent_requests: 1024,
             queue_size: 256,

@@ -144,12 +144,45 @@ impl RouterError {
             Prefill { message, .. } => format!("the prefill worker failed the request: {message}"),
             other => other.to_string(),
         };
-        error_body(&message, self.kind(), self.status().as_u16())
+        error_body(&message, self.kind(), self.code())
+    }
+
+    /// The error's `code`: a string, as the workers' (and OpenAI's) are.
+    pub fn code(&self) -> &'static str {
+        use RouterError::*;
+        match self {
+            Unauthorized => "invalid_api_key",
+            PayloadTooLarge { .. } => "body_too_large",
+            BadJson(_) => "invalid_json",
+            BadRequest(_) => "invalid_request",
+            NotFound { .. } => "not_found",
+            MethodNotAllowed { .. } => "method_not_allowed",
+            QueueFull(_) => "queue_full",
+            QueueTimeout(_) => "queue_timeout",
+            Timeout(_) => "timeout",
+            NoWorker(_) => "no_worker",
+            Upstream { .. } | Connect { .. } | Prefill { .. } => "upstream_error",
+            ShuttingDown => "shutting_down",
+            Conflict(_) => "conflict",
+            Internal(_) => "internal_error",
+        }
+    }
+
+    /// A body serde_json refused. Text that is not Unicode (a lone surrogate escape, bytes that are not
+    /// UTF-8) reads as a bare syntax error there, so the message says what is wrong and how to fix it.
+    pub fn bad_json(e: &serde_json::Error) -> Self {
+        let msg = e.to_string();
+        let unicode = ["surrogate", "hex escape", "unicode code point", "utf-8", "UTF-8"].iter().any(|k| msg.contains(k));
+        RouterError::BadJson(if unicode {
+            format!("{msg}: the body holds text that is not valid Unicode (a lone UTF-16 surrogate such as \\ud800, or bytes that are not UTF-8); send well-formed UTF-8 text")
+        } else {
+            msg
+        })
     }
 }
 
 /// The JSON error document every error response carries.
-pub fn error_body(message: &str, kind: &str, code: u16) -> Bytes {
+pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
     let v = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
     Bytes::from(v.to_string())
 }

@@ -56,7 +56,7 @@ async fn inference(state: &Arc<AppState>, req: Request<Incoming>, request_id: St
     let path = parts.uri.path().to_string();
     let pd = state.cfg.pd_disaggregation;
     let json = if pd || state.policy.needs_text() {
-        Some(serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| RouterError::BadJson(e.to_string()))?)
+        Some(serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| RouterError::bad_json(&e))?)
     } else {
         None
     };
