@@ -121,11 +121,11 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> Response:
-        return tokenize_api.tokenize(body, ctx)
+        return await tokenize_api.tokenize(body, ctx)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> Response:
-        return tokenize_api.detokenize(body, ctx)
+        return await tokenize_api.detokenize(body, ctx)
 
     @app.post("/abort_request", include_in_schema=False)  # by request id, on the worker itself (docs/api.md)
     async def abort_request(request: HTTPRequest) -> Response:

@@ -18,14 +18,14 @@ from engine.server.serving import (ServingContext, abort_error, build_requests, 
                                    request_id, start_stream)
 
 
-def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:
+async def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:
     """Prompts as token ids, and whether the body was a batch."""
     if body.text is not None:
         if isinstance(body.text, str):
-            return [prompt_from_text(ctx, body.text)], False
+            return [await prompt_from_text(ctx, body.text, "text")], False
         if not body.text:
             raise InvalidRequestError("text must not be an empty list", param="text")
-        return [prompt_from_text(ctx, t) for t in body.text], True
+        return [await prompt_from_text(ctx, t, f"text.{i}") for i, t in enumerate(body.text)], True
     ids = body.input_ids
     if not ids:
         raise InvalidRequestError("input_ids must not be empty", param="input_ids")
@@ -49,7 +49,7 @@ def _meta(req: Request, logprobs: bool) -> dict:
 
 
 async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
-    prompts, batched = _prompts(ctx, body)
+    prompts, batched = await _prompts(ctx, body)
     sp = body.sampling_params
     logprobs = body.top_logprobs_num if body.return_logprob else None
     reqs = build_requests(ctx, prompts, sp.to_params(logprobs), sp.n, request_id(http, body, "gen"), body)

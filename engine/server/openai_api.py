@@ -15,8 +15,8 @@ from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error
 from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from engine.engine_core import StepOutput
-from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
-                                   request_id, start_stream, usage)
+from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_chat,
+                                   prompt_from_text, request_id, start_stream, usage)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -26,13 +26,14 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _completion_prompts(ctx: ServingContext, prompt: object) -> list[list[int]]:
+async def _completion_prompts(ctx: ServingContext, prompt: object) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [prompt_from_text(ctx, prompt)]
+        return [await prompt_from_text(ctx, prompt)]
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
         return [list(prompt)]  # type: ignore[arg-type]
     if isinstance(prompt, list) and prompt:
-        return [prompt_from_text(ctx, p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+        return [await prompt_from_text(ctx, p, f"prompt.{i}") if isinstance(p, str) else list(p)  # type: ignore[arg-type]
+                for i, p in enumerate(prompt)]
     raise InvalidRequestError("prompt must be a non-empty string, list of strings, or list of token ids",
                               param="prompt")
 
@@ -76,7 +77,7 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if best_of > body.n and body.stream:
         raise APIError(400, "best_of > n cannot be streamed (the best candidates are known only at the end)",
                        "invalid_request", "best_of")
-    prompts = _completion_prompts(ctx, body.prompt)
+    prompts = await _completion_prompts(ctx, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     # best_of ranks candidates by cumulative logprob, so those are computed even when the client did not ask
     params = body.sampling_params(1 if score_only else max_tokens,
@@ -198,8 +199,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     ctx.check_model(body.model)
     if not body.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
-    ids = ctx.core.tokenizer.apply_chat_template([m.as_template_dict() for m in body.messages],
-                                                 body.add_generation_prompt)
+    ids = await prompt_from_chat(ctx, [m.as_template_dict() for m in body.messages], body.add_generation_prompt)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
@@ -19,6 +20,10 @@ from engine.server.errors import APIError
 from engine.server.protocol import RoutingFields
 
 DISCONNECT_POLL_S = 0.5
+# Texts longer than this are tokenized (and chat templates rendered) on a worker thread, never on the event loop:
+# megabytes take seconds, and the loop also serves every other request's stream and /health. Shorter ones are
+# done inline, where a thread hop would cost more than the work.
+INLINE_TEXT_CHARS = 4096
 
 
 @dataclass
@@ -142,8 +147,34 @@ def usage(reqs: list[Request]) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def prompt_from_text(ctx: ServingContext, text: str) -> list[int]:
-    ids = ctx.core.tokenizer.encode(text)
+def check_text_fits(ctx: ServingContext, chars: int, fewest: int, param: str) -> None:
+    """Refuse text that cannot fit the context, from its length alone (``Tokenizer.fewest_tokens``)."""
+    if fewest > ctx.core.context_length:
+        raise InvalidRequestError(
+            f"{param} is {chars} characters, which is at least {fewest} tokens; this model's context length is "
+            f"{ctx.core.context_length}, so shorten it", param=param, code="context_length_exceeded")
+
+
+async def off_loop(chars: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), on a worker thread when the text it works on is long."""
+    if chars <= INLINE_TEXT_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt") -> list[int]:
+    tok = ctx.core.tokenizer
+    check_text_fits(ctx, len(text), tok.fewest_tokens(text), param)
+    ids = await off_loop(len(text), tok.encode, text)
     if not ids:
-        raise InvalidRequestError("the prompt is empty", param="prompt")
+        raise InvalidRequestError("the prompt is empty", param=param)
     return ids
+
+
+async def prompt_from_chat(ctx: ServingContext, messages: list[dict[str, Any]],
+                           add_generation_prompt: bool) -> list[int]:
+    """The chat template's rendering of ``messages``, tokenized (both off the loop when long)."""
+    tok = ctx.core.tokenizer
+    text = "".join(str(m.get("content") or "") for m in messages)
+    check_text_fits(ctx, len(text), tok.fewest_tokens(text), "messages")
+    return await off_loop(len(text), tok.apply_chat_template, messages, add_generation_prompt)

@@ -6,10 +6,12 @@ from fastapi.responses import JSONResponse
 
 from engine.sampling_params import InvalidRequestError
 from engine.server.protocol import DetokenizeRequest, TokenizeRequest
-from engine.server.serving import ServingContext
+from engine.server.serving import ServingContext, off_loop
 
 
-def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
+async def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
+    """Long texts are tokenized off the event loop (``serving.off_loop``); their length is not bounded by the
+    context, since counting a long text's tokens is what a client may want to know."""
     ctx.check_model(body.model)
     tok = ctx.core.tokenizer
     if (body.prompt is None) == (body.messages is None):
@@ -17,20 +19,24 @@ def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
     if body.messages is not None:
         if not body.messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
-        text = tok.render_chat([m.as_template_dict() for m in body.messages], body.add_generation_prompt)
+        messages = [m.as_template_dict() for m in body.messages]
+        chars = sum(len(m["content"]) for m in messages)
+        text = await off_loop(chars, tok.render_chat, messages, body.add_generation_prompt)
         # vLLM's default for chat is False: the template already holds the special tokens
-        ids = tok.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        ids = await off_loop(len(text), tok.encode, text, bool(body.add_special_tokens))
     else:
-        ids = tok.encode(body.prompt, add_special_tokens=True if body.add_special_tokens is None
-                         else body.add_special_tokens)
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = await off_loop(len(body.prompt), tok.encode, body.prompt, special)
+    strs = await off_loop(len(ids), lambda: [tok.token_text(t) for t in ids]) if body.return_token_strs else None
     return JSONResponse({"count": len(ids), "max_model_len": ctx.core.context_length, "tokens": ids,
-                         "token_strs": [tok.token_text(t) for t in ids] if body.return_token_strs else None})
+                         "token_strs": strs})
 
 
-def detokenize(body: DetokenizeRequest, ctx: ServingContext) -> JSONResponse:
+async def detokenize(body: DetokenizeRequest, ctx: ServingContext) -> JSONResponse:
     ctx.check_model(body.model)
     vocab = ctx.core.arch.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    return JSONResponse({"prompt": ctx.core.tokenizer.decode(body.tokens, skip_special_tokens=False)})
+    text = await off_loop(len(body.tokens), ctx.core.tokenizer.decode, body.tokens, False)
+    return JSONResponse({"prompt": text})

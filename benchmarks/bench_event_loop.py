@@ -1,0 +1,121 @@
+"""Does a burst of huge prompts stall the server's other work? A colocated server streams one completion while
+ten multi-megabyte prompts arrive at once (each refused: far over the context); meanwhile /health is polled.
+Reports the stream's median inter-chunk gap before the burst, its worst gap during it, and the slowest /health
+answer, for the working tree and for a base revision (a git worktree), interleaved round by round.
+
+Before (tokenizing on the event loop), each 5 MB prompt held the loop for seconds; after, a prompt that cannot
+fit is refused from its length alone (``Tokenizer.fewest_tokens``) and long texts are tokenized on a thread.
+
+    python -m benchmarks.bench_event_loop --base REV [--rounds 2] [--mib 5 1] [--model smollm2|tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import Process, model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def burst(url: str, mib: float, count: int) -> dict:
+    """One measurement: a stream, a burst of `count` prompts of `mib` MiB, /health polled throughout."""
+    chunks: list[float] = []
+    health: list[float] = []
+    done = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": True, "stream": True,
+                "temperature": 0}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(time.monotonic())
+        done.set()
+
+    def poll() -> None:
+        while not done.is_set():
+            t = time.monotonic()
+            httpx.get(url + "/health", timeout=60)
+            health.append(time.monotonic() - t)
+            time.sleep(0.1)
+
+    statuses: list[int] = []
+
+    def big() -> None:
+        text = "word " * int(mib * (1 << 20) / 5)
+        statuses.append(httpx.post(url + "/v1/completions", json={"prompt": text, "max_tokens": 1},
+                                   timeout=300).status_code)
+
+    workers = [threading.Thread(target=f) for f in (stream, poll)]
+    for w in workers:
+        w.start()
+    while len(chunks) < 20 and not done.is_set():
+        time.sleep(0.01)
+    start = time.monotonic()
+    senders = [threading.Thread(target=big) for _ in range(count)]
+    for s in senders:
+        s.start()
+    for s in senders:
+        s.join()
+    end = time.monotonic()
+    for w in workers:
+        w.join()
+    gaps = [b - a for a, b in zip(chunks, chunks[1:])]
+    before = [g for g, t in zip(gaps, chunks[1:]) if t < start]
+    during = [g for g, t in zip(gaps, chunks[1:]) if start <= t <= end + 0.5] or [0.0]
+    return {"median_gap_ms": 1000 * statistics.median(before), "worst_gap_ms": 1000 * max(during),
+            "slowest_health_ms": 1000 * max(health), "burst_s": end - start, "statuses": sorted(set(statuses))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="git revision to compare against (checked out in a worktree)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mib", type=float, nargs="+", default=[5.0, 1.0], help="prompt sizes to burst with")
+    ap.add_argument("--count", type=int, default=10, help="prompts per burst")
+    ap.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
+    ap.add_argument("--output", type=Path, default=None)
+    args = ap.parse_args()
+    model = str(model_dir(args.model))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-loop-"))
+    base = tmp / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", str(base), args.base], check=True)
+    for so in (ROOT / "router").glob("_router*.so"):
+        shutil.copy(so, base / "router")
+    rows = []
+    try:
+        for rnd in range(args.rounds):
+            for side, tree in (("base", base), ("new", ROOT)):
+                srv = Process("engine", ["--model-path", model], cwd=tree)
+                try:
+                    srv.wait_ready("/health")
+                    for mib in args.mib:
+                        r = {"round": rnd, "side": side, "mib": mib, **burst(srv.url, mib, args.count)}
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
+                finally:
+                    srv.stop()
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+    print(f"\n{'side':5} {'MiB':>4} {'median gap ms':>14} {'worst gap ms':>13} {'slowest /health ms':>19}")
+    for side in ("base", "new"):
+        for mib in args.mib:
+            sel = [r for r in rows if r["side"] == side and r["mib"] == mib]
+            print(f"{side:5} {mib:4g} {statistics.median(r['median_gap_ms'] for r in sel):14.1f} "
+                  f"{max(r['worst_gap_ms'] for r in sel):13.1f} {max(r['slowest_health_ms'] for r in sel):19.1f}")
+    if args.output:
+        args.output.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
