@@ -35,6 +35,21 @@ def test_bad_worker_descriptions_are_refused(cluster: Cluster) -> None:
     assert e.status_code == 400 and "pd-disaggregation" in e.json()["error"]["message"]
 
 
+def test_a_worker_that_fails_its_first_probe_is_registered_but_not_routed_to(cluster: Cluster) -> None:
+    from harness import free_port
+    a = cluster.worker()
+    r = cluster.router("--worker-urls", a.url, "--policy", "round_robin")
+    down = f"http://127.0.0.1:{free_port()}"
+    pending = httpx.post(f"{r.url}/workers", json={"url": down})
+    assert pending.status_code == 202 and pending.json()["added"]["healthy"] is False, pending.text
+    assert "health check" in pending.json()["message"]
+    assert {w["url"]: w["healthy"] for w in httpx.get(f"{r.url}/workers").json()["workers"]} == {a.url: True,
+                                                                                               down: False}
+    for i in range(4):
+        httpx.post(f"{r.url}/generate", json={"text": str(i)}).raise_for_status()
+    assert len(a.requests()) == 4
+
+
 def test_worker_type_is_accepted_for_role(cluster: Cluster) -> None:
     a, b = cluster.worker(), cluster.worker()
     r = cluster.router("--worker-urls", a.url)

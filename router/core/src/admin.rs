@@ -83,8 +83,15 @@ pub async fn post_worker(state: &AppState, body: &[u8]) -> Response<RespBody> {
             None => return error_response(&RouterError::BadRequest("bootstrap_port must be a port number".into())),
         },
     };
+    // Admitted on a good first probe (200); otherwise registered but not routed to until a health check passes
+    // (202, saying so), so a worker that is still starting can be added before it is up.
     match add_worker(state, url, role, port).await {
-        Ok(w) => json_response(StatusCode::OK, &json!({"added": describe(&w, "active")})),
+        Ok(w) if w.is_healthy() => json_response(StatusCode::OK, &json!({"added": describe(&w, "active")})),
+        Ok(w) => json_response(
+            StatusCode::ACCEPTED,
+            &json!({"added": describe(&w, "active"),
+                    "message": "registered, but its first health probe failed: no request goes there until a health check passes"}),
+        ),
         Err(e) => error_response(&e),
     }
 }
