@@ -1,12 +1,18 @@
 """Runs an EngineCore on its own thread and bridges it to asyncio, so the event loop never blocks on a forward
 pass. Commands (add, abort, calls) go in through a thread-safe queue; each step's outputs come back in one
-``call_soon_threadsafe`` and are fanned out to per-request asyncio queues."""
+``call_soon_threadsafe`` and are fanned out to per-request asyncio queues.
+
+A watchdog without a thread: the engine thread notes when its current step began. A step running longer than
+``stall_timeout_secs`` (a hung forward pass, say) makes ``stalled`` true: /health answers 503, so a router takes
+the worker out of rotation, and every request waiting on an output fails with EngineStalled instead of waiting
+for its whole deadline. Requests merely queued are not affected: the clock runs only while a step does."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +32,10 @@ class EngineDead(RuntimeError):
     """The engine thread stopped (HTTP 503)."""
 
 
+class EngineStalled(RuntimeError):
+    """The engine's current step has run past ``stall_timeout_secs`` (HTTP 503)."""
+
+
 class AsyncEngine:
     def __init__(self, core: EngineCore, on_outputs: Callable[[list[StepOutput]], None] | None = None) -> None:
         self.core = core
@@ -36,6 +46,8 @@ class AsyncEngine:
         self._stopping = False
         self._on_outputs = on_outputs
         self.max_queued = core.cfg.scheduler.max_queued_requests
+        self.stall_timeout = core.cfg.scheduler.stall_timeout_secs
+        self._step_started: float | None = None  # set by the engine thread while a step runs
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -59,6 +71,16 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def stalled_for(self) -> float:
+        """Seconds the current step has been running (0 between steps)."""
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    @property
+    def stalled(self) -> bool:
+        return self.stalled_for > self.stall_timeout
+
     # -- the engine thread ---------------------------------------------------------------------------------------
     def _run(self) -> None:
         core = self.core
@@ -75,9 +97,11 @@ class AsyncEngine:
                 except queue.Empty:
                     break
             outputs: list[StepOutput] = []
+            self._step_started = time.monotonic()  # the watchdog's clock: commands and the step
             for kind, arg in cmds:
                 self._apply(kind, arg, outputs)
             if self._stopping and not core.has_work:
+                self._step_started = None
                 self._deliver(outputs)
                 core.role.close()
                 return
@@ -92,6 +116,8 @@ class AsyncEngine:
                                                           "requests it was running were aborted", "internal_error"))
                     if out:
                         outputs.append(out)
+            finally:
+                self._step_started = None
             self._deliver(outputs)
 
     def _apply(self, kind: str, arg: Any, outputs: list[StepOutput]) -> None:
@@ -171,7 +197,7 @@ class AsyncEngine:
         pending = {r.rid for r in reqs}
         try:
             while pending:
-                out = await q.get()
+                out = q.get_nowait() if not q.empty() else await self._next(q)
                 if out.finished:
                     pending.discard(out.req.rid)
                 yield out
@@ -180,6 +206,17 @@ class AsyncEngine:
                 self._streams.pop(req.rid, None)
             for rid in pending:
                 self._inbox.put(("abort", (rid, Abort(499, "the client went away"))))
+
+    async def _next(self, q: asyncio.Queue[StepOutput]) -> StepOutput:
+        """The next output; EngineStalled if none comes while a step runs past the stall deadline."""
+        while True:
+            try:
+                return await asyncio.wait_for(q.get(), self.stall_timeout)
+            except asyncio.TimeoutError:
+                if self.stalled:
+                    raise EngineStalled(f"the engine's current step has run for {self.stalled_for:.0f}s, past "
+                                        f"--stall-timeout-secs ({self.stall_timeout:g}s); the request is abandoned "
+                                        "and the worker reports itself unhealthy") from None
 
     # -- load --------------------------------------------------------------------------------------------------
     def load(self) -> dict[str, int]:

@@ -69,6 +69,9 @@ class SchedulerConfig:
         "help": "waiting-queue order: fcfs, or lpm (longest cached prefix first)", "choices": SCHEDULE_POLICIES})
     max_queued_requests: int = field(default=4096, metadata={
         "help": "waiting requests beyond this are refused with 503"})
+    stall_timeout_secs: float = field(default=30.0, metadata={
+        "help": "an engine step running longer than this means the engine is stuck: /health answers 503 and the "
+                "requests waiting on it fail"})
 
     @property
     def chunk_size(self) -> int | None:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         core = EngineCore(engine_cfg)
     metrics = EngineMetrics(core, role="prefill")
     manager = PrefillTransferManager(transfer_cfg, KVLayout.packed(**core.pool.describe()), bootstrap_port=cfg.bootstrap_port,
-                                     bootstrap_host=cfg.bootstrap_host, worker_id=worker,
+                                     bootstrap_host=cfg.bootstrap_host or server_cfg.host, worker_id=worker,
                                      metrics=TransferMetrics("prefill", registry=metrics.registry))
     core.role = PrefillRole(manager, worker)  # the manager needed the pool's address, so the role comes last
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="prefill",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 class PrefillConfig:
     bootstrap_port: int = field(default=8998, metadata={
         "help": "port of the bootstrap (handshake) gRPC server decode workers connect to"})
-    bootstrap_host: str = field(default="0.0.0.0", metadata={
-        "help": "address the bootstrap server listens on (decode workers must reach it)"})
+    bootstrap_host: str | None = field(default=None, metadata={
+        "help": "address the bootstrap server listens on (decode workers must reach it; default: --host)"})
     worker_id: str | None = field(default=None, metadata={
         "help": "name in logs and in the handshake (default: prefill-HOST:PORT)"})

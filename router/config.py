@@ -46,6 +46,7 @@ class RouterArgs:
     load_poll_interval_secs: float = _d("load_poll_interval_secs", "power_of_two: seconds between /get_load polls")
     max_payload_size: int = _d("max_payload_size", "largest request body in bytes (413 above)")
     request_timeout_secs: float = _d("request_timeout_secs", "whole-request deadline (504)")
+    stall_timeout_secs: float = _d("stall_timeout_secs", "a stream that sends nothing for this long is ended with an error and its worker taken out of rotation")
     max_concurrent_requests: int = _d("max_concurrent_requests", "requests forwarded at once; 0 = no limit")
     queue_size: int = _d("queue_size", "requests waiting for a slot (429 when full)")
     queue_timeout_secs: float = _d("queue_timeout_secs", "longest wait for a slot (408 after)")

@@ -48,6 +48,9 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     async def health() -> Response:
         if not ctx.engine.alive:
             return error_response(503, "the engine thread is not running", "engine_dead")
+        if ctx.engine.stalled:
+            return error_response(503, f"the engine's current step has run for {ctx.engine.stalled_for:.0f}s "
+                                       f"(--stall-timeout-secs {ctx.engine.stall_timeout:g})", "engine_stalled")
         return JSONResponse({"status": "ok"})
 
     @app.get("/health_generate")

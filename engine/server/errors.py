@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.async_engine import EngineDead, EngineOverloaded
+from engine.async_engine import EngineDead, EngineOverloaded, EngineStalled
 from engine.sampling_params import InvalidRequestError
 from engine.server.protocol import UnencodableText
 
@@ -38,6 +39,15 @@ def error_response(status: int, message: str, code: str | None = None, param: st
 
 def sse_error(status: int, message: str, code: str | None = None) -> str:
     return f"data: {json.dumps(error_body(status, message, code))}\n\n"
+
+
+async def sse_guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream's events; a stalled engine ends it with an error event (never a silent cut or a normal end)."""
+    try:
+        async for event in events:
+            yield event
+    except EngineStalled as e:
+        yield sse_error(503, str(e), "engine_stalled")
 
 
 def _describe(errors: list) -> str:
@@ -89,6 +99,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineOverloaded)
     async def _overloaded(_: Request, e: EngineOverloaded) -> JSONResponse:
         return error_response(503, str(e), "overloaded")
+
+    @app.exception_handler(EngineStalled)
+    async def _stalled(_: Request, e: EngineStalled) -> JSONResponse:
+        return error_response(503, str(e), "engine_stalled")
 
     @app.exception_handler(EngineDead)
     async def _dead(_: Request, e: EngineDead) -> JSONResponse:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.engine_core import StepOutput
 from engine.request import Request
 from engine.sampling_params import InvalidRequestError
-from engine.server.errors import sse_error
+from engine.server.errors import sse_error, sse_guarded
 from engine.server.openai_api import SSE_HEADERS
 from engine.server.protocol import GenerateRequest
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
@@ -55,8 +55,8 @@ async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext
     reqs = build_requests(ctx, prompts, sp.to_params(logprobs), sp.n, request_id(http, body, "gen"), body)
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(_stream(outs, reqs, body.return_logprob), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(sse_guarded(_stream(outs, reqs, body.return_logprob)),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, reqs)
     results = [{"text": r.detok.text, "output_ids": r.output_ids, "meta_info": _meta(r, body.return_logprob)}
                for r in reqs]

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.request import Request
 from engine.sampler import TokenLogprob
 from engine.sampling_params import InvalidRequestError
-from engine.server.errors import APIError, sse_error
+from engine.server.errors import APIError, sse_error, sse_guarded
 from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
 from engine.engine_core import StepOutput
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_chat,
@@ -94,8 +94,8 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
         echo = {r.rid: _Echo(body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None, score_only)
                 for r in reqs} if body.echo else {}
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(_stream_completion(ctx, outs, reqs, index, base, body.include_usage, echo),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        events = _stream_completion(ctx, outs, reqs, index, base, body.include_usage, echo)
+        return StreamingResponse(sse_guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, candidates)
     if best_of > body.n:
         reqs = best_candidates(candidates, best_of, body.n)
@@ -211,7 +211,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(_stream_chat(ctx, outs, reqs, index, base, body.include_usage),
+        return StreamingResponse(sse_guarded(_stream_chat(ctx, outs, reqs, index, base, body.include_usage)),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, reqs)
     choices = [{"index": index[r.rid], "message": {"role": "assistant", "content": r.detok.text},

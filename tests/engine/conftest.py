@@ -19,13 +19,15 @@ def tiny_model_dir() -> Path:
 
 def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 8192, chunk: int = 512,
               max_prefill_tokens: int = 4096, disable_radix_cache: bool = False, max_running: int = 128,
-              policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32") -> EngineCore:
+              policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32",
+              stall_timeout: float = 30.0) -> EngineCore:
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(model_dir), dtype=dtype),
         CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
                     disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
-                        max_running_requests=max_running, schedule_policy=policy)))
+                        max_running_requests=max_running, schedule_policy=policy,
+                        stall_timeout_secs=stall_timeout)))
 
 
 @pytest.fixture(scope="session")

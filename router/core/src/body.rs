@@ -69,6 +69,9 @@ pub struct ProxyBody {
     pub permit: Option<OwnedSemaphorePermit>,
     pub deadline: Pin<Box<Sleep>>,
     pub timeout_secs: f64,
+    /// SSE only: re-armed by every frame; firing ends the stream and takes the worker out of rotation.
+    pub stall: Option<Pin<Box<Sleep>>>,
+    pub stall_secs: f64,
     pub sse: bool,
     pub request_id: String,
 }
@@ -111,7 +114,12 @@ impl Body for ProxyBody {
         }
         let inner = this.inner.as_mut().expect("checked above");
         match Pin::new(inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(s) = this.stall.as_mut() {
+                    s.as_mut().reset(tokio::time::Instant::now() + std::time::Duration::from_secs_f64(this.stall_secs));
+                }
+                Poll::Ready(Some(Ok(f)))
+            }
             Poll::Ready(Some(Err(e))) => {
                 let worker = this.guards.last().map(|g| g.worker().url.to_string()).unwrap_or_default();
                 if let Some(g) = this.guards.last() {
@@ -133,6 +141,18 @@ impl Body for ProxyBody {
                 if this.deadline.as_mut().poll(cx).is_ready() {
                     let secs = this.timeout_secs;
                     return this.fail(RouterError::Timeout(secs));
+                }
+                if this.stall.as_mut().is_some_and(|s| s.as_mut().poll(cx).is_ready()) {
+                    if let Some(g) = this.guards.last() {
+                        let w = g.worker();
+                        w.breaker.record(false);
+                        if w.mark_unhealthy() {
+                            tracing::warn!(worker = %w.url, request_id = %this.request_id, stall_secs = this.stall_secs,
+                                "a stream stalled; worker out of rotation until a health check passes");
+                        }
+                    }
+                    let secs = this.stall_secs;
+                    return this.fail(RouterError::Stalled(secs));
                 }
                 Poll::Pending
             }

@@ -82,6 +82,7 @@ pub struct RouterConfig {
     pub load_poll_interval_secs: f64,
     pub max_payload_size: usize,
     pub request_timeout_secs: f64,
+    pub stall_timeout_secs: f64,
     pub max_concurrent_requests: usize,
     pub queue_size: usize,
     pub queue_timeout_secs: f64,
@@ -133,6 +134,7 @@ impl Default for RouterConfig {
             load_poll_interval_secs: 0.5,
             max_payload_size: 64 << 20, // the workers' default too (engine ServerConfig; a test checks)
             request_timeout_secs: 1800.0,
+            stall_timeout_secs: 30.0,
             max_concurrent_requests: 1024,
             queue_size: 256,
             queue_timeout_secs: 60.0,
@@ -231,6 +233,7 @@ impl RouterConfig {
             ("--eviction-interval-secs", self.eviction_interval_secs),
             ("--load-poll-interval-secs", self.load_poll_interval_secs),
             ("--request-timeout-secs", self.request_timeout_secs),
+            ("--stall-timeout-secs", self.stall_timeout_secs),
             ("--queue-timeout-secs", self.queue_timeout_secs),
             ("--health-check-interval-secs", self.health_check_interval_secs),
             ("--health-check-timeout-secs", self.health_check_timeout_secs),

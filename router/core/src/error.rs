@@ -46,6 +46,8 @@ pub enum RouterError {
     QueueTimeout(f64),
     #[error("request did not finish within --request-timeout-secs ({0}s)")]
     Timeout(f64),
+    #[error("the worker sent nothing for --stall-timeout-secs ({0}s); the stream is ended and the worker taken out of rotation until a health check passes")]
+    Stalled(f64),
     #[error("no healthy {0} worker is available")]
     NoWorker(&'static str),
     #[error("worker {worker} failed: {message}")]
@@ -73,7 +75,7 @@ impl RouterError {
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             QueueTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Timeout(_) | Stalled(_) => StatusCode::GATEWAY_TIMEOUT,
             NoWorker(_) | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { status, .. } | Prefill { status, .. } => {
                 StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
@@ -92,7 +94,7 @@ impl RouterError {
                 "invalid_request_error"
             }
             QueueFull(_) | QueueTimeout(_) => "rate_limit_error",
-            Timeout(_) => "timeout_error",
+            Timeout(_) | Stalled(_) => "timeout_error",
             NoWorker(_) | ShuttingDown => "service_unavailable",
             Upstream { .. } | Connect { .. } | Prefill { .. } => "upstream_error",
             Internal(_) => "internal_error",
@@ -160,6 +162,7 @@ impl RouterError {
             QueueFull(_) => "queue_full",
             QueueTimeout(_) => "queue_timeout",
             Timeout(_) => "timeout",
+            Stalled(_) => "stalled",
             NoWorker(_) => "no_worker",
             Upstream { .. } | Connect { .. } | Prefill { .. } => "upstream_error",
             ShuttingDown => "shutting_down",

@@ -93,6 +93,8 @@ pub fn pass_through(state: &AppState, out: &mut Outgoing, resp: Response<UpBody>
         permit: out.permit.take(),
         deadline: Box::pin(tokio::time::sleep_until(deadline)),
         timeout_secs: state.cfg.request_timeout_secs,
+        stall: sse.then(|| Box::pin(tokio::time::sleep(std::time::Duration::from_secs_f64(state.cfg.stall_timeout_secs)))),
+        stall_secs: state.cfg.stall_timeout_secs,
         sse,
         request_id: out.request_id.clone(),
     };

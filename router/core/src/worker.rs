@@ -145,6 +145,12 @@ impl Worker {
         None
     }
 
+    /// Takes the worker out of rotation now (a stalled stream); a later good health check brings it back.
+    pub fn mark_unhealthy(&self) -> bool {
+        self.oks.store(0, Ordering::Relaxed);
+        self.healthy.swap(false, Ordering::Relaxed)
+    }
+
     /// Whether the worker has ever been healthy (a new one is admitted on its first good probe).
     pub fn admitted(&self) -> bool {
         self.admitted.load(Ordering::Relaxed)
