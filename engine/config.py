@@ -86,7 +86,10 @@ class ServerConfig:
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     log_level: str = field(default="info", metadata={
         "help": "log level", "choices": ("debug", "info", "warning", "error")})
-    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    api_key: str | None = field(default=None, metadata={
+        "help": "require 'Authorization: Bearer KEY' (or set SPLITSERVE_API_KEY, or use --api-key-file, so the key "
+                "is not visible in the process list)"})
+    api_key_file: str | None = field(default=None, metadata={"help": "read the API key from this file"})
     max_payload_size: int = field(default=64 << 20, metadata={
         "help": "largest request body in bytes, chunked or not (413 above; the router's default is the same)"})
     health_generate_timeout: float = field(default=20.0, metadata={

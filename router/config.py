@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from router import _router
@@ -138,6 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+API_KEY_ENV = "SPLITSERVE_ROUTER_API_KEY"
+
+
 def parse_args(argv: list[str] | None = None) -> RouterArgs:
-    ns = build_parser().parse_args(argv)
-    return RouterArgs(**vars(ns))
+    """The command line; the API key may also come from $SPLITSERVE_ROUTER_API_KEY or --api-key-file, so that it
+    need not be visible in the process list."""
+    parser = build_parser()
+    parser.add_argument("--api-key-file", default=None, help="read the API key from this file")
+    ns = vars(parser.parse_args(argv))
+    key_file = ns.pop("api_key_file")
+    key = ns["api_key"] or os.environ.get(API_KEY_ENV) or None
+    if key is None and key_file:
+        try:
+            key = Path(key_file).read_text().strip()
+        except OSError as e:
+            parser.error(f"--api-key-file {key_file}: {e.strerror}")
+        if not key:
+            parser.error(f"--api-key-file {key_file} is empty")
+    ns["api_key"] = key
+    return RouterArgs(**ns)

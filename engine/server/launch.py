@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -29,8 +32,21 @@ def engine_parser(prog: str, description: str, default_port: int) -> argparse.Ar
     return parser
 
 
+API_KEY_ENV = "SPLITSERVE_API_KEY"
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
-    return dataclass_from_args(ServerConfig, args), EngineConfig(
+    server = dataclass_from_args(ServerConfig, args)
+    key = server.api_key or os.environ.get(API_KEY_ENV) or None
+    if key is None and server.api_key_file:
+        try:
+            key = Path(server.api_key_file).read_text().strip()
+        except OSError as e:
+            raise SystemExit(f"--api-key-file {server.api_key_file}: {e.strerror}") from None
+        if not key:
+            raise SystemExit(f"--api-key-file {server.api_key_file} is empty")
+    server = dataclasses.replace(server, api_key=key, api_key_file=None)
+    return server, EngineConfig(
         model=dataclass_from_args(ModelConfig, args), cache=dataclass_from_args(CacheConfig, args),
         scheduler=dataclass_from_args(SchedulerConfig, args))
 

@@ -26,6 +26,21 @@ def test_api_key_is_required_except_for_liveness(cluster: Cluster) -> None:
         openai.OpenAI(base_url=f"{r.url}/v1", api_key="nope").completions.create(model="m", prompt="x")
 
 
+def test_the_api_key_can_come_from_the_environment_or_a_file(cluster: Cluster) -> None:
+    """A secret need not be on the command line, where every user of the host can read it."""
+    w = cluster.worker()
+    key_file = cluster.tmp / "router.key"
+    key_file.write_text("from-a-file\n")
+    for r, key in ((cluster.router("--worker-urls", w.url, ready=False, env={"SPLITSERVE_ROUTER_API_KEY": "from-env"}),
+                    "from-env"),
+                   (cluster.router("--worker-urls", w.url, "--api-key-file", str(key_file), ready=False),
+                    "from-a-file")):
+        assert httpx.post(f"{r.url}/generate", json={"text": "x"}).status_code == 401
+        ok = httpx.post(f"{r.url}/generate", json={"text": "x"}, headers={"Authorization": f"Bearer {key}"})
+        assert ok.status_code == 200, ok.text
+        assert key not in " ".join(r.popen.args)
+
+
 def test_oversized_body_is_refused_before_reaching_a_worker(cluster: Cluster) -> None:
     w = cluster.worker()
     r = cluster.router("--worker-urls", w.url, "--max-payload-size", "1000")
