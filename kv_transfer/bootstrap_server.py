@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import grpc
 
+from kv_transfer.auth import TokenCheck
 from kv_transfer.errors import ConfigError, KVTransferError, UnknownPeerError
 from kv_transfer.protogen import stubs
 from kv_transfer.wire import error_to_msg
@@ -76,8 +77,9 @@ def start_bootstrap_server(manager: "PrefillTransferManager", host: str, port: i
                            threads: int) -> tuple[grpc.Server, int]:
     """Start serving; returns (server, bound port). Port 0 picks a free port."""
     _, pb2_grpc = stubs()
+    token = manager.config.cluster_token
     server = grpc.server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kv-bootstrap"),
-                         options=[("grpc.so_reuseport", 0)])
+                         interceptors=[TokenCheck(token)] if token else None, options=[("grpc.so_reuseport", 0)])
     pb2_grpc.add_KVBootstrapServicer_to_server(_make_servicer(manager), server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -47,6 +47,9 @@ class TransferConfig:
     staging_slots: int = _opt(4, "staging slots the decode side keeps per prefill peer")
     monitor_interval: float = _opt(0.05, "seconds between deadline checks")
     room_linger: float = _opt(60.0, "seconds a finished room stays queryable before it is forgotten")
+    cluster_token: str = _opt("", "shared secret on every bootstrap gRPC call (prefill: required of peers when "
+                                  "set; decode: presented); or $SPLITSERVE_CLUSTER_TOKEN, or --cluster-token-file")
+    cluster_token_file: str = _opt("", "read the cluster token from this file")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -94,7 +97,12 @@ class TransferConfig:
         os.environ.setdefault("MC_TCP_ENABLE_CONNECTION_POOL", "1")
 
 
+_PLAIN_FLAGS = ("cluster_token", "cluster_token_file")  # ARCHITECTURE.md names these without the prefix
+
+
 def flag_name(field_name: str) -> str:
+    if field_name in _PLAIN_FLAGS:
+        return "--" + field_name.replace("_", "-")
     return "--transfer-" + field_name.replace("_", "-") if field_name != "backend" else "--transfer-backend"
 
 
@@ -116,5 +124,8 @@ def add_transfer_flags(parser: argparse.ArgumentParser, defaults: TransferConfig
 
 def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig:
     """Build the config from a namespace parsed with add_transfer_flags."""
+    from kv_transfer.auth import resolve_token
+
     values = {f.name: getattr(args, f"transfer_{f.name}") for f in dataclasses.fields(TransferConfig)}
-    return TransferConfig(**values)
+    values["cluster_token"] = resolve_token(values["cluster_token"], values.pop("cluster_token_file"))
+    return TransferConfig(**values, cluster_token_file="")

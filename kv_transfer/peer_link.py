@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 
+from kv_transfer.auth import TokenSender
 from kv_transfer.aux import MAX_EXTRA_PAYLOAD
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import KVTransferError, PeerUnreachableError, UnknownPeerError, UnknownRoomError
@@ -53,9 +54,12 @@ class PeerLink:
         self._stream: Any = None
         pb2, pb2_grpc = stubs()
         self._pb = pb2
-        self._channel = grpc.insecure_channel(self.address, options=[
+        channel = grpc.insecure_channel(self.address, options=[
             ("grpc.max_receive_message_length", MAX_EXTRA_PAYLOAD + (1 << 20))])  # a Success event's extra payload
-        self._stub = pb2_grpc.KVBootstrapStub(self._channel)
+        self._channel = channel
+        if config.cluster_token:
+            channel = grpc.intercept_channel(channel, TokenSender(config.cluster_token))
+        self._stub = pb2_grpc.KVBootstrapStub(channel)
         threading.Thread(target=self._run_ops, name=f"kv-link-{self.address}", daemon=True).start()
 
     # --- used by the manager and receivers ----------------------------------------------------
@@ -112,6 +116,10 @@ class PeerLink:
             return None
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                self.die(FailureKind.REFUSED, f"prefill bootstrap server {self.address} refused our cluster token "
+                                              f"({method}): give both workers the same --cluster-token")
+                return None
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "is unreachable"
             kind = FailureKind.PEER_UNREACHABLE if not self.registered.is_set() else FailureKind.PEER_DEAD
             self.die(kind, f"prefill bootstrap server {self.address} {what} ({method}: {code})")

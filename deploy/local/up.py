@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from deploy.commands import Endpoint, decode_argv, prefill_argv, router_argv, sp
 from deploy.local.children import Child, Terminal
 from deploy.local.config import UpConfig, UpConfigError, parse_config
 from deploy.process import free_ports, port_is_free
+from kv_transfer.auth import TOKEN_ENV
 
 
 class ClusterFailed(RuntimeError):
@@ -78,7 +80,10 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
     model = resolve_model(cfg, terminal)
     ports = free_ports(2 * cfg.prefill + cfg.decode + (0 if cfg.port else 1), cfg.host)
     router_port = cfg.port or ports.pop()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # A fresh cluster token for this cluster's bootstrap handshakes, handed over in the environment (not on
+    # command lines); one already set in the environment is kept.
+    token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
     terminal.width = max(len("router"), len(f"prefill-{cfg.prefill - 1}"), len(f"decode-{cfg.decode - 1}"))
     workers: list[Child] = []
     endpoints: list[Endpoint] = []

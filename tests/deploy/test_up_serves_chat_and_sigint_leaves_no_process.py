@@ -16,6 +16,11 @@ from openai import OpenAI
 from tests.deploy.conftest import children_of, cmdline, wait_all_gone
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+
+
 def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
     up = up_factory("--prefill", "1", "--decode", "2")
     router = up.wait_ready()
@@ -63,6 +68,12 @@ def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
     tree = children_of(up.proc.pid)
     pids = {up.pid_of(n) for n in names}
     assert pids <= tree, f"processes {pids - tree} are not under splitserve up"
+
+    # The bootstrap handshakes carry one cluster token, made for this cluster and handed over in the environment,
+    # never on a command line.
+    tokens = {n: environ_of(up.pid_of(n)).get("SPLITSERVE_CLUSTER_TOKEN") for n in names}
+    assert len(set(tokens.values())) == 1 and len(tokens["prefill-0"] or "") >= 32, tokens
+    assert all(tokens["prefill-0"] not in cmdline(up.pid_of(n)) for n in names)
 
     up.signal(signal.SIGINT)
     assert up.proc.wait(90) == 0, up.text()[-3000:]

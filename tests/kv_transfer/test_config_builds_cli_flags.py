@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kv_transfer import ConfigError, TransferConfig, add_transfer_flags, transfer_config_from_args
+from kv_transfer.config import flag_name
 
 
 def test_flags_round_trip_and_defaults_live_in_the_dataclass() -> None:
@@ -19,7 +20,8 @@ def test_flags_round_trip_and_defaults_live_in_the_dataclass() -> None:
     assert (cfg.backend, cfg.heartbeat_timeout, cfg.rpc_port_min, cfg.max_batch_entries) == ("shm", 2.5, 20000, 512)
     help_text = parser.format_help()
     for f in dataclasses.fields(TransferConfig):
-        assert "--transfer-" + f.name.replace("_", "-") in help_text
+        assert flag_name(f.name) in help_text
+    assert "--cluster-token" in help_text and "--transfer-cluster-token" not in help_text  # ARCHITECTURE.md's name
 
 
 def test_unknown_backend_is_rejected_by_the_parser() -> None:
