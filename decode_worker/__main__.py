@@ -4,15 +4,18 @@ from __future__ import annotations
 import logging
 import socket
 
+from decode_worker.allow import PrefillAllowList
 from decode_worker.config import DecodeConfig
 from decode_worker.role import DecodeRole
 from engine.async_engine import AsyncEngine
 from engine.cli_args import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore, resolve_device
+from engine.request import Request
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
 from engine.server.bootstrap import decode_prepare
 from engine.server.launch import configs_from_args, engine_parser, exit_on_model_error, run, setup_logging
+from engine.server.protocol import RoutingFields
 from engine.server.serving import ServingContext
 from kv_transfer import (AuxBuffer, AuxLayout, DecodeTransferManager, KVLayout, SharedSegment, TransferMetrics,
                          add_transfer_flags, transfer_config_from_args)
@@ -53,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     server_cfg, engine_cfg = configs_from_args(args)
     cfg = dataclass_from_args(DecodeConfig, args)
     transfer_cfg = transfer_config_from_args(args)
+    try:
+        allow = PrefillAllowList(cfg.prefill_allow)
+    except ValueError as e:
+        raise SystemExit(f"python -m decode_worker: {e}") from None
     setup_logging(server_cfg.log_level)
     worker = cfg.worker_id or f"decode-{socket.gethostname()}:{server_cfg.port}"
     shared = transfer_cfg.backend in ("auto", "shm") and resolve_device(engine_cfg.model.device).type == "cpu"
@@ -64,8 +71,10 @@ def main(argv: list[str] | None = None) -> None:
                                     segments=[memory.segment] if memory.segment else [],
                                     metrics=TransferMetrics("decode", registry=metrics.registry))
     core.role = DecodeRole(manager, cfg, worker)  # the manager needed the pool's address, so the role comes last
-    ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="decode",
-                         prepare=decode_prepare)
+    def prepare(req: Request, body: RoutingFields, prompt_index: int, choice: int) -> None:
+        decode_prepare(req, body, prompt_index, choice)
+        allow.check(req.pd.host, req.pd.port, req.rid)
+    ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="decode", prepare=prepare)
     log.info("decode worker %s: http://%s:%d, transfer backend %s%s", worker, server_cfg.host, server_cfg.port,
              transfer_cfg.backend, " (pool in shared memory)" if shared else "")
 

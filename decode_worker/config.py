@@ -14,5 +14,8 @@ class DecodeConfig:
     kv_quarantine: float = field(default=5.0, metadata={
         "help": "seconds the pages of a failed or aborted transfer stay out of use, so a late write from a "
                 "stalled prefill worker cannot land in pages given to another request"})
+    prefill_allow: tuple[str, ...] = field(default=("loopback", "private"), metadata={
+        "help": "prefill bootstrap addresses this worker may dial: '*', 'loopback', 'private', networks "
+                "(10.2.0.0/16), addresses or host names, each optionally :PORT (decode_worker/allow.py)"})
     worker_id: str | None = field(default=None, metadata={
         "help": "name in logs and in the handshake (default: decode-HOST:PORT)"})

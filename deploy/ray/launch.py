@@ -80,8 +80,13 @@ class Launcher:
                 f"{ray.cluster_resources()}. Lower --num-cpus-per-worker, --prefill-gpus or --decode-gpus, use "
                 f"PACK or SPREAD instead of a STRICT strategy, or add nodes")
         common = split_args(cfg.worker_args)
+        # Decode workers may dial the prefill workers on any node of this Ray cluster (and loopback, private
+        # networks); flags given by the user come later and win.
+        nodes = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")})
+        allow = ["--prefill-allow", "loopback", "private", *nodes]
         for index, (role, i, gpus) in enumerate(roles):
-            extra = common + split_args(cfg.prefill_args if role == "prefill" else cfg.decode_args)
+            extra = common + (allow if role == "decode" else []) + split_args(
+                cfg.prefill_args if role == "prefill" else cfg.decode_args)
             handle = remote.options(
                 name=self._name(role, i), namespace=cfg.namespace, max_restarts=cfg.max_restarts,
                 num_cpus=cfg.num_cpus_per_worker, num_gpus=gpus,
