@@ -1,6 +1,8 @@
 """``python -m decode_worker --model-path DIR --port 30200``"""
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import socket
 
@@ -48,6 +50,13 @@ class PoolMemory:
         return self.aux
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = engine_parser("python -m decode_worker", "SplitServe decode worker", 30200)
     add_dataclass_args(parser, DecodeConfig, "decode")
@@ -63,6 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(server_cfg.log_level)
     worker = cfg.worker_id or f"decode-{socket.gethostname()}:{server_cfg.port}"
     shared = transfer_cfg.backend in ("auto", "shm") and resolve_device(engine_cfg.model.device).type == "cpu"
+    if shared and transfer_cfg.backend == "auto" and is_loopback(server_cfg.host):
+        # Reachable on loopback only, so its prefill workers share this host: shared memory serves them, and
+        # Mooncake, whose listeners take every interface, is not started (--transfer-backend mooncake forces it).
+        transfer_cfg = dataclasses.replace(transfer_cfg, backend="shm")
     memory = PoolMemory(shared, cfg.max_transfer_rooms)
     with exit_on_model_error("python -m decode_worker"):
         core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None)
