@@ -125,12 +125,12 @@ class Process:
     """A server started as ``python -m MODULE --port N ...`` on 127.0.0.1, logging to a temporary file."""
 
     def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, port: int | None = None) -> None:
         import subprocess
         import sys
         import tempfile
 
-        self.port = Process.free_port()
+        self.port = port or Process.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{module}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],

@@ -35,7 +35,10 @@ struct Inner {
     failures: u32,
     successes: u32,
     opened_at: Instant,
-    trial_in_flight: bool,
+    /// When the half-open trial was sent. A trial that never reports back (its attempt was dropped: the other
+    /// leg of a PD pair failed first, the client left) expires after `open_for`, so it cannot keep the worker
+    /// out of rotation for good.
+    trial_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -55,7 +58,7 @@ impl CircuitBreaker {
                 failures: 0,
                 successes: 0,
                 opened_at: Instant::now(),
-                trial_in_flight: false,
+                trial_since: None,
             }),
         }
     }
@@ -77,7 +80,7 @@ impl CircuitBreaker {
         match g.state {
             BreakerState::Closed => true,
             BreakerState::Open => g.opened_at.elapsed() >= self.cfg.open_for,
-            BreakerState::HalfOpen => !g.trial_in_flight,
+            BreakerState::HalfOpen => g.trial_since.is_none_or(|t| t.elapsed() >= self.cfg.open_for),
         }
     }
 
@@ -92,7 +95,7 @@ impl CircuitBreaker {
             g.successes = 0;
         }
         if g.state == BreakerState::HalfOpen {
-            g.trial_in_flight = true;
+            g.trial_since = Some(Instant::now());
         }
     }
 
@@ -101,7 +104,7 @@ impl CircuitBreaker {
             return;
         }
         let mut g = self.lock();
-        g.trial_in_flight = false;
+        g.trial_since = None;
         if success {
             g.failures = 0;
             if g.state == BreakerState::HalfOpen {
@@ -148,15 +151,34 @@ mod tests {
 
     #[test]
     fn half_open_admits_one_trial_and_closes_after_successes() {
-        let b = cb(0);
+        let b = cb(30);
         b.record(false);
         b.record(false);
-        assert!(b.can_pass(), "cool-down of 0 ms is over");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(b.can_pass(), "the cool-down is over");
         b.on_dispatch();
         assert_eq!(b.state(), BreakerState::HalfOpen);
         assert!(!b.can_pass(), "only one trial at a time");
         b.record(true);
         assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.on_dispatch();
+        b.record(true);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_trial_that_never_reports_back_does_not_shut_the_worker_out() {
+        let b = cb(30);
+        b.record(false);
+        b.record(false);
+        std::thread::sleep(Duration::from_millis(40));
+        b.on_dispatch(); // the trial's attempt is then dropped without a record()
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(!b.can_pass(), "the trial is still in flight");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(b.can_pass(), "a lost trial expires, and another one may go");
+        b.on_dispatch();
+        b.record(true);
         b.on_dispatch();
         b.record(true);
         assert_eq!(b.state(), BreakerState::Closed);
