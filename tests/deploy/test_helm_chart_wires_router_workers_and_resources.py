@@ -91,6 +91,9 @@ def test_pd_at_scale_asks_for_gpus_rdma_shm_model_and_api_key() -> None:
                      "--served-model-name=qwen3-32b", "--device=cuda", "--transfer-rpc-port-min=20000"):
             assert flag in c["args"], f"{role} lacks {flag}"
         assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+        token = next(e for e in c["env"] if e["name"] == "SPLITSERVE_CLUSTER_TOKEN")
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "splitserve-cluster-token", "key": "cluster-token"}
+        assert not [a for a in c["args"] if "cluster-token" in a], "the token stays off the command line"
         model = next(v for v in pod["volumes"] if v["name"] == "model")
         assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "32Gi"
@@ -121,8 +124,15 @@ def test_autoscaling_hands_replicas_to_the_hpa_and_the_chart_keeps_the_key_in_a_
         init = dep["spec"]["template"]["spec"]["initContainers"][0]
         assert {"name": "MODEL_DIR", "value": "/models/Qwen3-0.6B"} in init["env"]
         assert {"name": "model", "mountPath": "/models"} in init["volumeMounts"]
-    secret = find(docs, "Secret")
+    secret = find(docs, "Secret", "-api-key")
     assert base64.b64decode(secret["data"]["api-key"]).decode() == "change-me"
+    # the cluster token: a random one in the chart's own Secret, handed to every worker in the environment
+    token = find(docs, "Secret", "-cluster-token")
+    assert len(base64.b64decode(token["data"]["cluster-token"])) == 32
+    for role in ("prefill", "decode"):
+        env = container(find(docs, "Deployment", f"-{role}"), role)["env"]
+        ref = next(e for e in env if e["name"] == "SPLITSERVE_CLUSTER_TOKEN")["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": token["metadata"]["name"], "key": "cluster-token"}
     assert find(docs, "Service", "-router")["spec"]["ports"][0]["nodePort"] == 30080
 
 

@@ -56,6 +56,10 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- .Values.router.apiKey.existingSecret | default (printf "%s-api-key" (include "splitserve.fullname" .)) -}}
 {{- end -}}
 
+{{- define "splitserve.clusterTokenSecret" -}}
+{{- .Values.transfer.clusterToken.existingSecret | default (printf "%s-cluster-token" (include "splitserve.fullname" .)) -}}
+{{- end -}}
+
 {{- define "splitserve.apiKeyEnabled" -}}
 {{- if or .Values.router.apiKey.existingSecret .Values.router.apiKey.value -}}true{{- end -}}
 {{- end -}}
