@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import statistics
@@ -29,19 +28,10 @@ from typing import Any
 import httpx
 
 from benchmarks.common import Process, model_dir
+from deploy.process import rss_bytes
 
 FAULTS = ("kill_decode", "freeze_decode", "kill_prefill", "client_disconnects")
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "In the beginning", "A short poem about rain:"]
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class Cluster:
@@ -61,9 +51,7 @@ class Cluster:
         self.router.wait_ready("/readiness")
 
     def restart(self, old: Process) -> Process:
-        module = old.proc.args[2]
-        args = list(old.proc.args[5:])  # python -m MODULE --port N ARGS...
-        new = Process(module, args, port=old.port)
+        new = Process(old.module, old.args, port=old.port)
         new.wait_ready("/health")
         return new
 
@@ -216,7 +204,7 @@ def main() -> None:
             row = {"phase": phase["name"], "requests": len(mine), **Counter(e["outcome"] for e in mine),
                    "p50_s": round(statistics.median(good), 3) if good else None,
                    "p99_s": round(good[min(len(good) - 1, int(0.99 * len(good)))], 3) if good else None,
-                   **{f"rss_{k}_mb": round(rss_mb(p.proc.pid)) for k, p in cluster.processes().items()}}
+                   **{f"rss_{k}_mb": round(rss_bytes(p.proc.pid) / 2**20) for k, p in cluster.processes().items()}}
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -227,8 +215,8 @@ def main() -> None:
     totals = Counter(e["outcome"] for e in log)
     print(json.dumps({"total": len(log), **totals}))
     if args.output:
-        args.output.write_text(json.dumps({"phases": rows, "totals": totals, "args": vars(args) | {
-            "output": str(args.output)}, "pid": os.getpid()}, indent=1))
+        args.output.write_text(json.dumps({"phases": rows, "totals": totals,
+                                           "args": vars(args) | {"output": str(args.output)}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -17,14 +17,12 @@ from typing import Any
 import httpx
 
 from benchmarks.common import Process, machine, table, write_json
+from deploy.process import rss_bytes
 from engine.tiny_model import default_cache_dir
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return rss_bytes(pid) / 2**20
 
 
 def start_once(model: str, dtype: str, cache: Path, tokens: int) -> dict[str, Any]:

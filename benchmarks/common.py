@@ -130,6 +130,7 @@ class Process:
         import sys
         import tempfile
 
+        self.module, self.args = module, list(args)
         self.port = port or Process.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{module}-", suffix=".log", delete=False)

@@ -1,6 +1,7 @@
 """Child processes that cannot outlive their launcher: each starts in its own session (so signals reach its whole
 process group, and a terminal's Ctrl-C reaches only the launcher), and on Linux asks the kernel to send it
-SIGTERM when the launcher dies, however it dies. Also: free ports, and a log pump that tees a child's output."""
+SIGTERM when the launcher dies, however it dies. Also: free ports, a process's RSS, and a log pump that tees a
+child's output."""
 from __future__ import annotations
 
 import collections
@@ -125,6 +126,17 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident set size (Linux /proc), 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def port_is_free(host: str, port: int) -> bool:

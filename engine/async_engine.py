@@ -2,10 +2,11 @@
 pass. Commands (add, abort, calls) go in through a thread-safe queue; each step's outputs come back in one
 ``call_soon_threadsafe`` and are fanned out to per-request asyncio queues.
 
-A watchdog without a thread: the engine thread notes when its current step began. A step running longer than
-``stall_timeout_secs`` (a hung forward pass, say) makes ``stalled`` true: /health answers 503, so a router takes
-the worker out of rotation, and every request waiting on an output fails with EngineStalled instead of waiting
-for its whole deadline. Requests merely queued are not affected: the clock runs only while a step does."""
+A watchdog: the engine thread notes when its current work (commands, then a step) began, and one asyncio task
+looks at that clock a few times per ``stall_timeout_secs`` (never once per token). Work running longer (a hung
+forward pass, say) makes ``stalled`` true: /health answers 503, so a router takes the worker out of rotation,
+and every request waiting on an output fails with EngineStalled instead of waiting for its whole deadline.
+Requests merely queued are not affected: the clock runs only while the thread works."""
 from __future__ import annotations
 
 import asyncio
@@ -36,24 +37,36 @@ class EngineStalled(RuntimeError):
     """The engine's current step has run past ``stall_timeout_secs`` (HTTP 503)."""
 
 
+_STALLED = object()  # put on every waiting stream by the watchdog
+
+
 class AsyncEngine:
     def __init__(self, core: EngineCore, on_outputs: Callable[[list[StepOutput]], None] | None = None) -> None:
         self.core = core
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._streams: dict[str, asyncio.Queue[StepOutput]] = {}
+        self._streams: dict[str, asyncio.Queue[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._on_outputs = on_outputs
         self.max_queued = core.cfg.scheduler.max_queued_requests
         self.stall_timeout = core.cfg.scheduler.stall_timeout_secs
-        self._step_started: float | None = None  # set by the engine thread while a step runs
+        self._step_started: float | None = None  # set by the engine thread while it works
+        self._watchdog: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
+        self._watchdog = self._loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.stall_timeout / 4)
+            if self.stalled:
+                for q in {id(q): q for q in self._streams.values()}.values():
+                    q.put_nowait(_STALLED)
 
     def abort_all(self, reason: Abort = Abort(503, "the server is shutting down")) -> None:
         for rid in list(self._streams):
@@ -62,6 +75,8 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         """Abort whatever is still in flight and stop the thread."""
         self.abort_all()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         self._stopping = True
         self._inbox.put(("wake", None))
         if self._thread is not None:
@@ -175,13 +190,13 @@ class AsyncEngine:
         self._inbox.put(("call", (fn, fut)))
         return await fut
 
-    def submit(self, reqs: list[Request]) -> asyncio.Queue[StepOutput]:
+    def submit(self, reqs: list[Request]) -> asyncio.Queue[Any]:
         """Queue ``reqs`` (e.g. the n choices of one prompt); their outputs arrive on one shared queue."""
         if not self.alive or self._stopping:
             raise EngineDead("the engine is not running")
         if len(self._streams) + len(reqs) > self.max_queued + self.core.cfg.scheduler.max_running_requests:
             raise EngineOverloaded(f"{len(self._streams)} requests in flight; try again later")
-        q: asyncio.Queue[StepOutput] = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
         for req in reqs:
             self._streams[req.rid] = q
             self._inbox.put(("add", req))
@@ -197,7 +212,11 @@ class AsyncEngine:
         pending = {r.rid for r in reqs}
         try:
             while pending:
-                out = q.get_nowait() if not q.empty() else await self._next(q)
+                out = await q.get()
+                if out is _STALLED:
+                    raise EngineStalled(f"the engine's current step has run for {self.stalled_for:.0f}s, past "
+                                        f"--stall-timeout-secs ({self.stall_timeout:g}s); the request is abandoned "
+                                        "and the worker reports itself unhealthy")
                 if out.finished:
                     pending.discard(out.req.rid)
                 yield out
@@ -206,17 +225,6 @@ class AsyncEngine:
                 self._streams.pop(req.rid, None)
             for rid in pending:
                 self._inbox.put(("abort", (rid, Abort(499, "the client went away"))))
-
-    async def _next(self, q: asyncio.Queue[StepOutput]) -> StepOutput:
-        """The next output; EngineStalled if none comes while a step runs past the stall deadline."""
-        while True:
-            try:
-                return await asyncio.wait_for(q.get(), self.stall_timeout)
-            except asyncio.TimeoutError:
-                if self.stalled:
-                    raise EngineStalled(f"the engine's current step has run for {self.stalled_for:.0f}s, past "
-                                        f"--stall-timeout-secs ({self.stall_timeout:g}s); the request is abandoned "
-                                        "and the worker reports itself unhealthy") from None
 
     # -- load --------------------------------------------------------------------------------------------------
     def load(self) -> dict[str, int]:

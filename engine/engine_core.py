@@ -161,12 +161,7 @@ class EngineCore:
     def abort(self, rid: str, reason: Abort) -> StepOutput | None:
         req = self.scheduler.abort(rid, reason)
         if req is None:
-            # Computed, but still live because a transfer holds its pages (a prefill worker's request whose
-            # room has not finished): the role ends the transfer and releases the pages.
-            req = self.requests.get(rid)
-            if req is None or req not in self.scheduler.held:
-                return None
-            req.finish_reason, req.finish_detail = "abort", reason
+            return None
         self.requests.pop(rid, None)
         self.role.on_abort(self, req)
         return StepOutput(req, finished=True)

@@ -1,6 +1,6 @@
 """Tokenizer and chat template, loaded with transformers from the model folder.
 
-``fewest_tokens(text)`` is a lower bound on how many tokens ``text`` becomes, computed without tokenizing: no
+``fewest_tokens(chars)`` is a lower bound on how many tokens a text of ``chars`` characters becomes: no
 token stands for more characters than its longest vocabulary piece (byte-level BPE writes one character per byte,
 SentencePiece one per character), halved to leave room for normalizers that shorten text. A server uses it to
 refuse a prompt that cannot fit the context before spending seconds tokenizing megabytes."""
@@ -27,9 +27,9 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = (eos,) if isinstance(eos, int) else ()
         self.max_piece_chars = max((len(p) for p in self.hf.get_vocab()), default=1)
 
-    def fewest_tokens(self, text: str) -> int:
-        """A lower bound on len(encode(text)) (see the module docstring)."""
-        return len(text) // (2 * self.max_piece_chars)
+    def fewest_tokens(self, chars: int) -> int:
+        """A lower bound on len(encode(text)) for a text of ``chars`` characters (see the module docstring)."""
+        return chars // (2 * self.max_piece_chars)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))

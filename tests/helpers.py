@@ -255,12 +255,3 @@ def _content_length(data: bytes) -> int:
         if line.startswith(b"content-length:"):
             return int(line.split(b":", 1)[1])
     return 1 << 62 if b"\r\n\r\n" not in data else 0
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (Linux)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")

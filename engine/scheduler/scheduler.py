@@ -43,13 +43,19 @@ class Scheduler:
 
     def abort(self, rid: str, reason: Abort) -> Request | None:
         """Remove the request wherever it is and release its pages (unless a transfer may still touch them:
-        then it moves to ``held``); returns it (finished) or None."""
+        then it moves to ``held``); returns it (finished) or None. A request already computed whose pages a
+        transfer still holds (a prefill worker's, its room open) is marked aborted and stays held: the role ends
+        the transfer, then releases it. One held because it was aborted before is not aborted again."""
         for area in (self.waiting, self.kv_queue, self.running, self.prealloc):
             for req in area:
                 if req.rid == rid:
                     area.remove(req)
                     self._finish(req, "abort", reason)
                     return req
+        for req in self.held:
+            if req.rid == rid and req.finish_reason != "abort":
+                req.finish_reason, req.finish_detail = "abort", reason
+                return req
         return None
 
     def finish(self, req: Request, reason: str, detail: object = None) -> None:

@@ -163,10 +163,8 @@ class GuardMiddleware:
             return
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
-        too_large = error_response(413, f"request body over {self.max_body} bytes (--max-payload-size)",
-                                   "body_too_large")
         if length.isdigit() and int(length) > self.max_body:
-            await too_large(scope, receive, send)
+            await self._too_large(scope, receive, send)
             return
         if self.expected is not None and scope["path"] not in OPEN_PATHS:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
@@ -180,10 +178,14 @@ class GuardMiddleware:
         if not length.isdigit() and scope["method"] in ("POST", "PUT", "PATCH"):
             body = await _read_bounded(receive, self.max_body)
             if body is None:  # over the limit (or the client left): answer now, read no further
-                await too_large(scope, receive, send)
+                await self._too_large(scope, receive, send)
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(413, f"request body over {self.max_body} bytes (--max-payload-size)",
+                             "body_too_large")(scope, receive, send)
 
 
 async def _read_bounded(receive: Receive, limit: int) -> bytes | None:

@@ -147,8 +147,9 @@ def usage(reqs: list[Request]) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def check_text_fits(ctx: ServingContext, chars: int, fewest: int, param: str) -> None:
+def check_text_fits(ctx: ServingContext, chars: int, param: str) -> None:
     """Refuse text that cannot fit the context, from its length alone (``Tokenizer.fewest_tokens``)."""
+    fewest = ctx.core.tokenizer.fewest_tokens(chars)
     if fewest > ctx.core.context_length:
         raise InvalidRequestError(
             f"{param} is {chars} characters, which is at least {fewest} tokens; this model's context length is "
@@ -163,9 +164,8 @@ async def off_loop(chars: int, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt") -> list[int]:
-    tok = ctx.core.tokenizer
-    check_text_fits(ctx, len(text), tok.fewest_tokens(text), param)
-    ids = await off_loop(len(text), tok.encode, text)
+    check_text_fits(ctx, len(text), param)
+    ids = await off_loop(len(text), ctx.core.tokenizer.encode, text)
     if not ids:
         raise InvalidRequestError("the prompt is empty", param=param)
     return ids
@@ -174,7 +174,6 @@ async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt"
 async def prompt_from_chat(ctx: ServingContext, messages: list[dict[str, Any]],
                            add_generation_prompt: bool) -> list[int]:
     """The chat template's rendering of ``messages``, tokenized (both off the loop when long)."""
-    tok = ctx.core.tokenizer
-    text = "".join(str(m.get("content") or "") for m in messages)
-    check_text_fits(ctx, len(text), tok.fewest_tokens(text), "messages")
-    return await off_loop(len(text), tok.apply_chat_template, messages, add_generation_prompt)
+    chars = sum(len(m["content"]) for m in messages)  # as_template_dict gives every message a str content
+    check_text_fits(ctx, chars, "messages")
+    return await off_loop(chars, ctx.core.tokenizer.apply_chat_template, messages, add_generation_prompt)

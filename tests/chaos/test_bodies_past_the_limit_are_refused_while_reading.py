@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import post_chunked, rss_bytes
+from deploy.process import rss_bytes
+from tests.helpers import post_chunked
 from tests.pd.conftest import Cluster, run_cluster, wait_pool_idle
 
 LIMIT = 1 << 20

@@ -149,12 +149,18 @@ mod tests {
         assert!(!b.can_pass());
     }
 
-    #[test]
-    fn half_open_admits_one_trial_and_closes_after_successes() {
+    /// A breaker opened by two failures whose 30 ms cool-down is over.
+    fn cooled_down() -> CircuitBreaker {
         let b = cb(30);
         b.record(false);
         b.record(false);
         std::thread::sleep(Duration::from_millis(40));
+        b
+    }
+
+    #[test]
+    fn half_open_admits_one_trial_and_closes_after_successes() {
+        let b = cooled_down();
         assert!(b.can_pass(), "the cool-down is over");
         b.on_dispatch();
         assert_eq!(b.state(), BreakerState::HalfOpen);
@@ -168,10 +174,7 @@ mod tests {
 
     #[test]
     fn a_trial_that_never_reports_back_does_not_shut_the_worker_out() {
-        let b = cb(30);
-        b.record(false);
-        b.record(false);
-        std::thread::sleep(Duration::from_millis(40));
+        let b = cooled_down();
         b.on_dispatch(); // the trial's attempt is then dropped without a record()
         assert_eq!(b.state(), BreakerState::HalfOpen);
         assert!(!b.can_pass(), "the trial is still in flight");
