@@ -7,6 +7,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 EVICTION_POLICIES = ("lru", "lfu", "priority")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PREPACK_MODES = ("auto", "on", "off")
+API_KEY_ENV = "SPLITSERVE_API_KEY"  # a worker's --api-key, when not given on the command line
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class ServerConfig:
     api_key_file: str | None = field(default=None, metadata={"help": "read the API key from this file"})
     max_payload_size: int = field(default=64 << 20, metadata={
         "help": "largest request body in bytes, chunked or not (413 above; the router's default is the same)"})
+    max_header_size: int = field(default=64 << 10, metadata={
+        "help": "largest request head (request line and headers) in bytes (431 above; the router's default is "
+                "the same)"})
     health_generate_timeout: float = field(default=20.0, metadata={
         "help": "seconds /health_generate waits for its one-token request"})
     shutdown_timeout: float = field(default=30.0, metadata={

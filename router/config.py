@@ -47,6 +47,7 @@ class RouterArgs:
     max_tree_size: int = _d("max_tree_size", "cache_aware: bytes of request text kept per worker")
     load_poll_interval_secs: float = _d("load_poll_interval_secs", "power_of_two: seconds between /get_load polls")
     max_payload_size: int = _d("max_payload_size", "largest request body in bytes (413 above)")
+    max_header_size: int = _d("max_header_size", "largest total size of the request line and headers in bytes (431 above)")
     request_timeout_secs: float = _d("request_timeout_secs", "whole-request deadline (504)")
     stall_timeout_secs: float = _d("stall_timeout_secs", "a stream that sends nothing for this long is ended with an error and its worker taken out of rotation")
     max_concurrent_requests: int = _d("max_concurrent_requests", "requests forwarded at once; 0 = no limit")
@@ -66,6 +67,7 @@ class RouterArgs:
     cb_success_threshold: int = _d("cb_success_threshold", "circuit breaker: half-open successes that close it")
     cb_timeout_secs: float = _d("cb_timeout_secs", "circuit breaker: seconds open before a trial request")
     api_key: str | None = _d("api_key", "require `Authorization: Bearer KEY` (all routes but /health, /liveness, /readiness)")
+    worker_api_key: str | None = _d("worker_api_key", "send `Authorization: Bearer KEY` to every worker (their --api-key) instead of the client's header")
     shutdown_grace_period_secs: float = _d("shutdown_grace_period_secs", "on SIGTERM, how long in-flight requests may finish")
     log_level: str = _d("log_level", "trace, debug, info, warn or error")
     worker_threads: int = _d("worker_threads", "async runtime threads; 0 = one per available core")
@@ -141,22 +143,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 API_KEY_ENV = "SPLITSERVE_ROUTER_API_KEY"
+WORKER_API_KEY_ENV = "SPLITSERVE_WORKER_API_KEY"
+_SECRETS = {"api_key": API_KEY_ENV, "worker_api_key": WORKER_API_KEY_ENV}
 
 
 def parse_args(argv: list[str] | None = None) -> RouterArgs:
-    """The command line; the API key may also come from $SPLITSERVE_ROUTER_API_KEY or --api-key-file, so that it
-    need not be visible in the process list."""
+    """The command line; each key may also come from its environment variable ($SPLITSERVE_ROUTER_API_KEY,
+    $SPLITSERVE_WORKER_API_KEY) or a file (--api-key-file, --worker-api-key-file), so that it need not be
+    visible in the process list."""
     parser = build_parser()
-    parser.add_argument("--api-key-file", default=None, help="read the API key from this file")
+    for name, env in _SECRETS.items():
+        flag = name.replace("_", "-")
+        parser.add_argument(f"--{flag}-file", default=None, help=f"read --{flag} from this file (or set ${env})")
     ns = vars(parser.parse_args(argv))
-    key_file = ns.pop("api_key_file")
-    key = ns["api_key"] or os.environ.get(API_KEY_ENV) or None
-    if key is None and key_file:
-        try:
-            key = Path(key_file).read_text().strip()
-        except OSError as e:
-            parser.error(f"--api-key-file {key_file}: {e.strerror}")
-        if not key:
-            parser.error(f"--api-key-file {key_file} is empty")
-    ns["api_key"] = key
+    for name, env in _SECRETS.items():
+        key_file, flag = ns.pop(f"{name}_file"), name.replace("_", "-")
+        key = ns[name] or os.environ.get(env) or None
+        if key is None and key_file:
+            try:
+                key = Path(key_file).read_text().strip()
+            except OSError as e:
+                parser.error(f"--{flag}-file {key_file}: {e.strerror}")
+            if not key:
+                parser.error(f"--{flag}-file {key_file} is empty")
+        ns[name] = key
     return RouterArgs(**ns)

@@ -28,7 +28,9 @@ from deploy.commands import Endpoint, decode_argv, prefill_argv, router_argv, sp
 from deploy.local.children import Child, Terminal
 from deploy.local.config import UpConfig, UpConfigError, parse_config
 from deploy.process import free_ports, port_is_free
+from engine.config import API_KEY_ENV as WORKER_KEY_ENV
 from kv_transfer.auth import TOKEN_ENV
+from router.config import WORKER_API_KEY_ENV
 
 
 class ClusterFailed(RuntimeError):
@@ -80,10 +82,17 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
     model = resolve_model(cfg, terminal)
     ports = free_ports(2 * cfg.prefill + cfg.decode + (0 if cfg.port else 1), cfg.host)
     router_port = cfg.port or ports.pop()
-    # A fresh cluster token for this cluster's bootstrap handshakes, handed over in the environment (not on
-    # command lines); one already set in the environment is kept.
+    # A fresh cluster token for this cluster's bootstrap handshakes, and a fresh key for the workers' HTTP routes
+    # (which only the router presents; /health and /metrics stay open), handed over in the environment (not on
+    # command lines); ones already set in the environment are kept. The key is also left in the run folder
+    # (owner-only) for an operator who calls a worker's admin routes.
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
+    worker_key = os.environ.get(WORKER_API_KEY_ENV) or secrets.token_hex(16)
+    key_file = run_dir / "worker-api-key"
+    key_file.touch(mode=0o600)
+    key_file.write_text(worker_key + "\n")
+    base = {**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
+    env = {**base, WORKER_KEY_ENV: worker_key}
     terminal.width = max(len("router"), len(f"prefill-{cfg.prefill - 1}"), len(f"decode-{cfg.decode - 1}"))
     workers: list[Child] = []
     endpoints: list[Endpoint] = []
@@ -104,8 +113,8 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
                              url(cfg.host, port), "/health"))
         endpoints.append(Endpoint("decode", url(cfg.host, port)))
     argv = router_argv(host=cfg.host, port=router_port, workers=endpoints, extra=split_args(cfg.router_args))
-    router = Child("router", argv, run_dir / "router.log", terminal, len(workers), env,
-                   url(cfg.host, router_port), "/readiness")
+    router = Child("router", argv, run_dir / "router.log", terminal, len(workers),
+                   {**base, WORKER_API_KEY_ENV: worker_key}, url(cfg.host, router_port), "/readiness")
     return Plan(run_dir, model, router_port, workers, router)
 
 

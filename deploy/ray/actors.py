@@ -16,7 +16,9 @@ from deploy.process import LogPump, describe_exit, free_ports, spawn, stop_group
 
 class ServerActor:
     def __init__(self, name: str, role: str, model_path: str | None, extra: list[str], port: int = 0,
-                 host: str | None = None, workers: list[dict] | None = None) -> None:
+                 host: str | None = None, workers: list[dict] | None = None,
+                 secrets: dict[str, str] | None = None) -> None:
+        """``secrets`` go into the process's environment (never its command line)."""
         import ray  # only inside Ray workers
 
         self.name, self.role = name, role
@@ -39,7 +41,7 @@ class ServerActor:
         self.url = url(advertised, self.port)
         self.healthy = False
         self.stopping = False
-        self.proc = spawn(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = spawn(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **(secrets or {})})
         assert self.proc.stdout is not None
         self.pump = LogPump(self.proc.stdout, [self._print])
         self.started = time.time()

@@ -8,6 +8,8 @@ a restarted worker comes back on new ports, and this launcher keeps the router's
 group; if the launcher itself dies, Ray ends its actors (they belong to this driver) and their processes follow."""
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import sys
 import threading
@@ -21,6 +23,9 @@ from deploy import probe
 from deploy.banner import ready_banner
 from deploy.commands import Endpoint, split_args
 from deploy.ray.config import RayLaunchConfig, RayLaunchError, parse_config
+from engine.config import API_KEY_ENV as WORKER_KEY_ENV
+from kv_transfer.auth import TOKEN_ENV
+from router.config import WORKER_API_KEY_ENV
 
 
 def log(text: str) -> None:
@@ -80,6 +85,12 @@ class Launcher:
                 f"{ray.cluster_resources()}. Lower --num-cpus-per-worker, --prefill-gpus or --decode-gpus, use "
                 f"PACK or SPREAD instead of a STRICT strategy, or add nodes")
         common = split_args(cfg.worker_args)
+        # One cluster token for the bootstrap handshakes and one key for the workers' HTTP routes (which only the
+        # router presents), made here unless set in the launcher's environment; handed to each actor's process in
+        # its environment, and to restarted actors alike (Ray keeps the constructor's arguments).
+        token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+        worker_key = os.environ.get(WORKER_API_KEY_ENV) or secrets.token_hex(16)
+        worker_secrets = {TOKEN_ENV: token, WORKER_KEY_ENV: worker_key}
         # Decode workers may dial the prefill workers on any node of this Ray cluster (and loopback, private
         # networks); flags given by the user come later and win.
         nodes = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")})
@@ -91,7 +102,7 @@ class Launcher:
                 name=self._name(role, i), namespace=cfg.namespace, max_restarts=cfg.max_restarts,
                 num_cpus=cfg.num_cpus_per_worker, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index),
-            ).remote(self._name(role, i), role, cfg.model_path, extra)
+            ).remote(self._name(role, i), role, cfg.model_path, extra, secrets=worker_secrets)
             self.workers.append(Tracked(self._name(role, i), role, handle))
         self._wait_until(lambda: all(t.info and t.info["healthy"] for t in self.workers), "the workers to be healthy")
         endpoints = [self._endpoint(t.info) for t in self.workers if t.info]
@@ -99,7 +110,7 @@ class Launcher:
             name=self._name("router", 0), namespace=cfg.namespace, max_restarts=cfg.max_restarts, num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
         ).remote(self._name("router", 0), "router", None, split_args(cfg.router_args), cfg.port, cfg.router_host,
-                 [e.router_json() for e in endpoints])
+                 [e.router_json() for e in endpoints], secrets={WORKER_API_KEY_ENV: worker_key})
         self.router = Tracked(self._name("router", 0), "router", handle)
         self._wait_until(self._router_ready, "the router to see every worker healthy")
         self._wait_until(self._serves, "a first request to go through prefill and decode")

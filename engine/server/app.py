@@ -42,7 +42,8 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
     install_error_handlers(app)
     install_openapi(app, api_key=server_cfg.api_key is not None)
 
-    app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key, max_body=server_cfg.max_payload_size)
+    app.add_middleware(GuardMiddleware, api_key=server_cfg.api_key, max_body=server_cfg.max_payload_size,
+                       max_head=server_cfg.max_header_size)
 
     @app.get("/health")
     async def health() -> Response:
@@ -146,20 +147,27 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
 
 
 class GuardMiddleware:
-    """Pure ASGI (so streaming and disconnect detection pass straight through): refuses oversized bodies (413)
-    and missing API keys (401), and treats every POST body as JSON whatever its content-type says (curl -d).
+    """Pure ASGI (so streaming and disconnect detection pass straight through): refuses oversized heads (431;
+    h11 bounds only a head that arrives in pieces, engine/server/http1.py) and bodies (413) and missing API keys
+    (401), and treats every POST body as JSON whatever its content-type says (curl -d).
 
     A body without Content-Length (chunked) is read here, counting, and refused as soon as it passes the limit,
     so nothing past the limit is ever held; what was read is then handed to the app as one message."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int, max_head: int) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.max_body = max_body
+        self.max_body, self.max_head = max_body, max_head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        head = len(scope.get("raw_path") or b"") + len(scope["query_string"]) + sum(
+            len(k) + len(v) + 4 for k, v in scope["headers"])
+        if head > self.max_head:
+            await error_response(431, f"request headers over {self.max_head} bytes (--max-header-size)",
+                                 "header_too_large")(scope, receive, send)
             return
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")

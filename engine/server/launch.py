@@ -17,8 +17,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from engine.cli_args import add_dataclass_args, dataclass_from_args
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
+from engine.config import API_KEY_ENV, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
 from engine.models.config import ModelLoadError
+from engine.server.http1 import JsonErrorsH11Protocol
 
 
 def engine_parser(prog: str, description: str, default_port: int) -> argparse.ArgumentParser:
@@ -30,9 +31,6 @@ def engine_parser(prog: str, description: str, default_port: int) -> argparse.Ar
     add_dataclass_args(parser, CacheConfig, "KV cache")
     add_dataclass_args(parser, SchedulerConfig, "scheduler")
     return parser
-
-
-API_KEY_ENV = "SPLITSERVE_API_KEY"
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig]:
@@ -97,6 +95,7 @@ class _Server(uvicorn.Server):
 def run(app: FastAPI, cfg: ServerConfig, before_grace_ends: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM; in-flight requests get ``shutdown_timeout`` seconds to finish."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                            http=JsonErrorsH11Protocol, h11_max_incomplete_event_size=cfg.max_header_size,
                             timeout_graceful_shutdown=max(1, int(cfg.shutdown_timeout)),
                             access_log=cfg.log_level == "debug")
     server = _Server(config)

@@ -63,6 +63,11 @@ def wait_all_gone(pids: set[int], timeout: float) -> set[int]:
     return {p for p in pids if alive(p)}
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

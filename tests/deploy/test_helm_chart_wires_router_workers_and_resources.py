@@ -94,6 +94,8 @@ def test_pd_at_scale_asks_for_gpus_rdma_shm_model_and_api_key() -> None:
         token = next(e for e in c["env"] if e["name"] == "SPLITSERVE_CLUSTER_TOKEN")
         assert token["valueFrom"]["secretKeyRef"] == {"name": "splitserve-cluster-token", "key": "cluster-token"}
         assert not [a for a in c["args"] if "cluster-token" in a], "the token stays off the command line"
+        key = next(e for e in c["env"] if e["name"] == "SPLITSERVE_API_KEY")
+        assert key["valueFrom"]["secretKeyRef"] == {"name": "splitserve-worker-key", "key": "worker-api-key"}
         model = next(v for v in pod["volumes"] if v["name"] == "model")
         assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
         assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"] == "32Gi"
@@ -133,6 +135,14 @@ def test_autoscaling_hands_replicas_to_the_hpa_and_the_chart_keeps_the_key_in_a_
         env = container(find(docs, "Deployment", f"-{role}"), role)["env"]
         ref = next(e for e in env if e["name"] == "SPLITSERVE_CLUSTER_TOKEN")["valueFrom"]["secretKeyRef"]
         assert ref == {"name": token["metadata"]["name"], "key": "cluster-token"}
+    # the workers' key: likewise random, in the workers' environment and the router's, which alone presents it
+    worker_key = find(docs, "Secret", "-worker-key")
+    assert len(base64.b64decode(worker_key["data"]["worker-api-key"])) == 32
+    ref = {"name": worker_key["metadata"]["name"], "key": "worker-api-key"}
+    for role, var in (("prefill", "SPLITSERVE_API_KEY"), ("decode", "SPLITSERVE_API_KEY"),
+                      ("router", "SPLITSERVE_WORKER_API_KEY")):
+        env = container(find(docs, "Deployment", f"-{role}"), role)["env"]
+        assert next(e for e in env if e["name"] == var)["valueFrom"]["secretKeyRef"] == ref, role
     assert find(docs, "Service", "-router")["spec"]["ports"][0]["nodePort"] == 30080
 
 

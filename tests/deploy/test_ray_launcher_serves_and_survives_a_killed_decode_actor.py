@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deploy.conftest import SMALL_WORKERS, LineReader, chat_succeeds_within, cmdline, wait_all_gone
+from tests.deploy.conftest import SMALL_WORKERS, LineReader, chat_succeeds_within, cmdline, environ_of, wait_all_gone
 from tests.deploy.ray_head import RayHead
 from tests.helpers import REPO
 
@@ -83,6 +83,15 @@ def test_ray_launcher_serves_and_survives_a_killed_decode_actor(ray_head: RayHea
                                    "ray.util.list_named_actors()]))")
         assert {i["name"] for i in new} == {f"{NAMESPACE}-{n}" for n in ("prefill-0", "decode-0", "router")}
         pids = {i["pid"] for i in new}
+        # One cluster token and one worker key, made by the launcher and handed over in the environment: the
+        # restarted actor got the same ones; a client that goes to a worker directly gets 401.
+        envs = {i["role"]: environ_of(i["pid"]) for i in new}
+        token, key = envs["prefill"]["SPLITSERVE_CLUSTER_TOKEN"], envs["prefill"]["SPLITSERVE_API_KEY"]
+        assert len(token) >= 32 and len(key) >= 32
+        assert envs["decode"]["SPLITSERVE_CLUSTER_TOKEN"] == token and envs["decode"]["SPLITSERVE_API_KEY"] == key
+        assert envs["router"]["SPLITSERVE_WORKER_API_KEY"] == key
+        assert all(token not in cmdline(p) and key not in cmdline(p) for p in pids)
+        assert httpx.post(decode_urls[0] + "/flush_cache", timeout=30).status_code == 401
 
         launcher.signal(signal.SIGINT)
         assert launcher.proc.wait(120) == 0, launcher.text()[-3000:]

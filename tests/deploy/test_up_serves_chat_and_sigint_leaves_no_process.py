@@ -13,12 +13,7 @@ import sys
 import httpx
 from openai import OpenAI
 
-from tests.deploy.conftest import children_of, cmdline, wait_all_gone
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+from tests.deploy.conftest import children_of, cmdline, environ_of, wait_all_gone
 
 
 def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
@@ -74,6 +69,17 @@ def test_up_serves_chat_and_sigint_leaves_no_process(up_factory) -> None:
     tokens = {n: environ_of(up.pid_of(n)).get("SPLITSERVE_CLUSTER_TOKEN") for n in names}
     assert len(set(tokens.values())) == 1 and len(tokens["prefill-0"] or "") >= 32, tokens
     assert all(tokens["prefill-0"] not in cmdline(up.pid_of(n)) for n in names)
+    # Likewise one fresh worker key: the router presents it, a client that goes to a worker directly gets 401
+    # (probes stay open), and the operator finds it in the run folder.
+    key = (up.run_dir / "worker-api-key").read_text().strip()
+    assert len(key) >= 32 and environ_of(up.pid_of("router")).get("SPLITSERVE_WORKER_API_KEY") == key
+    assert all(environ_of(up.pid_of(n)).get("SPLITSERVE_API_KEY") == key for n in names[:-1])
+    assert all(key not in cmdline(up.pid_of(n)) for n in names)
+    for w in workers:
+        assert httpx.post(w["url"] + "/flush_cache", timeout=30).status_code == 401
+        assert httpx.get(w["url"] + "/health", timeout=30).status_code == 200
+        assert httpx.get(w["url"] + "/get_load", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).status_code == 200
 
     up.signal(signal.SIGINT)
     assert up.proc.wait(90) == 0, up.text()[-3000:]

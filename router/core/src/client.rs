@@ -1,5 +1,6 @@
-//! Requests to workers: end-to-end headers, the request id, JSON content type; over the
-//! keep-alive connections of [`crate::upstream::Pool`] (TCP_NODELAY, driven by the caller).
+//! Requests to workers: end-to-end headers, the request id, JSON content type, and the workers' API key when
+//! one is set (`--worker-api-key`; it replaces the client's `Authorization`, which then stays at the router);
+//! over the keep-alive connections of [`crate::upstream::Pool`] (TCP_NODELAY, driven by the caller).
 
 use crate::error::RouterError;
 use crate::upstream::{Pool, PoolConfig, UpBody};
@@ -9,10 +10,24 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
 use std::time::Duration;
 
-pub type HttpClient = Pool;
+pub struct HttpClient {
+    pool: Pool,
+    worker_auth: Option<HeaderValue>,
+}
 
-pub fn build() -> HttpClient {
-    Pool::new(PoolConfig::default())
+impl HttpClient {
+    /// Drops idle connections the workers closed.
+    pub fn prune(&self) {
+        self.pool.prune()
+    }
+}
+
+pub fn build(worker_api_key: Option<&str>) -> HttpClient {
+    let worker_auth = worker_api_key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok()).map(|mut v| {
+        v.set_sensitive(true);
+        v
+    });
+    HttpClient { pool: Pool::new(PoolConfig::default()), worker_auth }
 }
 
 /// `http://host:port/prefix` → (`host:port`, `/prefix`); only plain HTTP.
@@ -38,7 +53,8 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// Sends `body` to `url` (worker base URL + path and query), forwarding end-to-end headers.
+/// Sends `body` to `url` (a worker's base URL + path and query; or another server's, through a client built
+/// without a worker key), forwarding end-to-end headers.
 pub async fn send(
     client: &HttpClient,
     method: Method,
@@ -47,13 +63,17 @@ pub async fn send(
     request_id: &str,
     body: Bytes,
 ) -> Result<Response<UpBody>, RouterError> {
+    let auth = client.worker_auth.as_ref();
     let (authority, path) = split_url(url)?;
     let mut req = Request::builder().method(method).uri(path);
     let h = req.headers_mut().expect("builder has no error yet");
     for (k, v) in headers {
-        if !is_hop_by_hop(k) && k != REQUEST_ID {
+        if !is_hop_by_hop(k) && k != REQUEST_ID && !(auth.is_some() && k == http::header::AUTHORIZATION) {
             h.append(k, v.clone());
         }
+    }
+    if let Some(v) = auth {
+        h.insert(http::header::AUTHORIZATION, v.clone());
     }
     if let Ok(v) = HeaderValue::from_str(authority) {
         h.insert(http::header::HOST, v);
@@ -67,7 +87,7 @@ pub async fn send(
     let req = req
         .body(Full::new(body))
         .map_err(|e| RouterError::BadRequest(format!("cannot build a request for {url}: {e}")))?;
-    client.request(authority, req).await.map_err(|message| RouterError::Connect { worker: url.to_string(), message })
+    client.pool.request(authority, req).await.map_err(|message| RouterError::Connect { worker: url.to_string(), message })
 }
 
 /// Reads a whole (small) worker body, at most `limit` bytes.
@@ -75,19 +95,29 @@ pub async fn read_body(body: UpBody, limit: usize) -> Result<Bytes, String> {
     Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
 }
 
+/// Why a probe failed: no answer in time (the worker may be frozen), or an answer that was not a 2xx (or no
+/// connection at all).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// GET `url` with a deadline; the body if the status was 2xx.
-pub async fn get_ok(client: &HttpClient, url: &str, timeout: Duration) -> Result<Bytes, String> {
+pub async fn get_ok(client: &HttpClient, url: &str, timeout: Duration) -> Result<Bytes, ProbeError> {
     let fut = async {
         let resp = send(client, Method::GET, url, &HeaderMap::new(), "router-probe", Bytes::new())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ProbeError::Failed(e.to_string()))?;
         let status = resp.status();
-        let body = read_body(resp.into_body(), 1 << 20).await?;
+        let body = read_body(resp.into_body(), 1 << 20).await.map_err(ProbeError::Failed)?;
         if status.is_success() {
             Ok(body)
         } else {
-            Err(format!("status {status}"))
+            Err(ProbeError::Failed(format!("status {status}")))
         }
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| format!("no answer within {timeout:?}"))?
+    tokio::time::timeout(timeout, fut).await.map_err(|_| ProbeError::Timeout(timeout))?
 }

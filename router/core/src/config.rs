@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+/// hyper's read buffer for a request head. Heads over `--max-header-size` but within this buffer are answered
+/// with the usual JSON error (431, `header_too_large`); past it, hyper itself closes with a bare 431.
+pub const HEAD_BUFFER: usize = 2 << 20;
+
 /// Routing policies; the names are the CLI values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -81,6 +85,7 @@ pub struct RouterConfig {
     pub max_tree_size: usize,
     pub load_poll_interval_secs: f64,
     pub max_payload_size: usize,
+    pub max_header_size: usize,
     pub request_timeout_secs: f64,
     pub stall_timeout_secs: f64,
     pub max_concurrent_requests: usize,
@@ -100,6 +105,7 @@ pub struct RouterConfig {
     pub cb_success_threshold: u32,
     pub cb_timeout_secs: f64,
     pub api_key: Option<String>,
+    pub worker_api_key: Option<String>,
     pub shutdown_grace_period_secs: f64,
     pub log_level: String,
     pub worker_threads: usize,
@@ -133,6 +139,7 @@ impl Default for RouterConfig {
             max_tree_size: 1 << 24,
             load_poll_interval_secs: 0.5,
             max_payload_size: 64 << 20, // the workers' default too (engine ServerConfig; a test checks)
+            max_header_size: 64 << 10,  // likewise
             request_timeout_secs: 1800.0,
             stall_timeout_secs: 30.0,
             max_concurrent_requests: 1024,
@@ -152,6 +159,7 @@ impl Default for RouterConfig {
             cb_success_threshold: 2,
             cb_timeout_secs: 10.0,
             api_key: None,
+            worker_api_key: None,
             shutdown_grace_period_secs: 30.0,
             log_level: "info".into(),
             worker_threads: 0,
@@ -252,8 +260,14 @@ impl RouterConfig {
         if self.max_payload_size == 0 {
             return bad("--max-payload-size must be > 0".into());
         }
+        if self.max_header_size < 1024 || self.max_header_size > HEAD_BUFFER / 2 {
+            return bad(format!("--max-header-size must be between 1024 and {} bytes", HEAD_BUFFER / 2));
+        }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return bad("--api-key must not be empty".into());
+        }
+        if matches!(&self.worker_api_key, Some(k) if k.is_empty() || http::HeaderValue::from_str(k).is_err()) {
+            return bad("--worker-api-key must be non-empty printable ASCII".into());
         }
         if self.service_discovery {
             if let Some(u) = &self.k8s_api_url {

@@ -11,7 +11,7 @@
 //! that serves pod lists and watch events (tests/router/fake_k8s_api.py).
 
 use crate::admin::{add_worker, remove_worker};
-use crate::client::{read_body, send};
+use crate::client::{read_body, send, HttpClient};
 use crate::state::AppState;
 use crate::worker::Role;
 use bytes::{Bytes, BytesMut};
@@ -72,6 +72,8 @@ fn pod_name(pod: &Value) -> Option<String> {
 
 struct Watcher {
     state: Arc<AppState>,
+    /// Its own connections to the API server, without the workers' key.
+    client: HttpClient,
     role: Role,
     base: String,
     headers: HeaderMap,
@@ -100,7 +102,7 @@ impl Watcher {
 
     /// Lists pods, reconciles, and returns the list's resourceVersion.
     async fn relist(&mut self) -> Result<String, String> {
-        let resp = send(&self.state.client, Method::GET, &self.base, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
+        let resp = send(&self.client, Method::GET, &self.base, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
         let status = resp.status();
         let body = read_body(resp.into_body(), 64 << 20).await?;
         if !status.is_success() {
@@ -125,7 +127,7 @@ impl Watcher {
 
     async fn watch(&mut self, rv: &str, secs: u64) -> Result<(), String> {
         let url = format!("{}&watch=true&resourceVersion={}&timeoutSeconds={secs}", self.base, encode(rv));
-        let resp = send(&self.state.client, Method::GET, &url, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
+        let resp = send(&self.client, Method::GET, &url, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
         if !resp.status().is_success() {
             return Err(format!("watch answered {}", resp.status()));
         }
@@ -188,7 +190,7 @@ pub fn spawn(state: &Arc<AppState>) {
     };
     for (role, sel) in targets {
         let base = format!("{api}/api/v1/namespaces/{}/pods?labelSelector={}", encode(&cfg.service_discovery_namespace), encode(&sel.join(",")));
-        let w = Watcher { state: state.clone(), role, base, headers: headers.clone(), known: HashMap::new() };
+        let w = Watcher { state: state.clone(), client: crate::client::build(None), role, base, headers: headers.clone(), known: HashMap::new() };
         tracing::info!(role = role.as_str(), url = %w.base, "service discovery started");
         tokio::spawn(w.run());
     }

@@ -32,6 +32,8 @@ pub enum RouterError {
     Unauthorized,
     #[error("request body is larger than --max-payload-size ({limit} bytes)")]
     PayloadTooLarge { limit: usize },
+    #[error("request headers are larger than --max-header-size ({limit} bytes)")]
+    HeaderTooLarge { limit: usize },
     #[error("request body is not valid JSON: {0}")]
     BadJson(String),
     #[error("{0}")]
@@ -46,7 +48,7 @@ pub enum RouterError {
     QueueTimeout(f64),
     #[error("request did not finish within --request-timeout-secs ({0}s)")]
     Timeout(f64),
-    #[error("the worker sent nothing for --stall-timeout-secs ({0}s); the stream is ended and the worker taken out of rotation until a health check passes")]
+    #[error("the worker sent nothing for --stall-timeout-secs ({0}s); the request is ended and the worker taken out of rotation until a health check passes")]
     Stalled(f64),
     #[error("no healthy {0} worker is available")]
     NoWorker(&'static str),
@@ -70,6 +72,7 @@ impl RouterError {
         match self {
             Unauthorized => StatusCode::UNAUTHORIZED,
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            HeaderTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             BadJson(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             NotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -90,7 +93,7 @@ impl RouterError {
         use RouterError::*;
         match self {
             Unauthorized => "authentication_error",
-            PayloadTooLarge { .. } | BadJson(_) | BadRequest(_) | NotFound { .. } | MethodNotAllowed { .. } | Conflict(_) => {
+            PayloadTooLarge { .. } | HeaderTooLarge { .. } | BadJson(_) | BadRequest(_) | NotFound { .. } | MethodNotAllowed { .. } | Conflict(_) => {
                 "invalid_request_error"
             }
             QueueFull(_) | QueueTimeout(_) => "rate_limit_error",
@@ -115,7 +118,8 @@ impl RouterError {
             return false;
         }
         match self {
-            RouterError::Connect { .. } => true,
+            // Stalled here means no response head yet (a stream's stall, after bytes went out, is never retried).
+            RouterError::Connect { .. } | RouterError::Stalled(_) => true,
             RouterError::Upstream { status, .. } | RouterError::Prefill { status, .. } => {
                 matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
             }
@@ -129,7 +133,7 @@ impl RouterError {
             return false;
         }
         match self {
-            RouterError::Connect { .. } => true,
+            RouterError::Connect { .. } | RouterError::Stalled(_) => true,
             RouterError::Upstream { status, .. } | RouterError::Prefill { status, .. } => *status >= 500,
             _ => false,
         }
@@ -155,6 +159,7 @@ impl RouterError {
         match self {
             Unauthorized => "invalid_api_key",
             PayloadTooLarge { .. } => "body_too_large",
+            HeaderTooLarge { .. } => "header_too_large",
             BadJson(_) => "invalid_json",
             BadRequest(_) => "invalid_request",
             NotFound { .. } => "not_found",

@@ -1,23 +1,35 @@
 //! Background tasks: health checks with failure/success thresholds, the `/get_load` poller
 //! (power_of_two), and periodic maintenance (cache_aware tree eviction, expired idle connections).
 
-use crate::client::get_ok;
+use crate::client::{get_ok, ProbeError};
 use crate::config::PolicyKind;
 use crate::state::AppState;
 use crate::worker::Worker;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One probe of `w`, applied with the configured thresholds. A worker that has never been
-/// healthy is admitted on its first good probe.
+/// healthy is admitted on its first good probe; one whose probe times out leaves rotation at once
+/// (crate::liveness).
 pub async fn probe(state: &AppState, w: &Arc<Worker>) -> bool {
     let url = format!("{}{}", w.url, state.cfg.health_check_endpoint);
     let res = get_ok(&state.client, &url, Duration::from_secs_f64(state.cfg.health_check_timeout_secs)).await;
     let ok = res.is_ok();
+    if let Err(ProbeError::Timeout(_)) = &res {
+        let stall = Duration::from_secs_f64(state.cfg.stall_timeout_secs);
+        if w.liveness.timed_out(Instant::now(), stall) {
+            tracing::warn!(worker = %w.url, "health probes have timed out for --stall-timeout-secs; failing the requests waiting on it");
+        }
+        if w.mark_unhealthy() {
+            tracing::warn!(worker = %w.url, "health probe timed out; worker out of rotation at once");
+        }
+    } else {
+        w.liveness.answered();
+    }
     let ok_threshold = if w.admitted() { state.cfg.health_success_threshold } else { 1 };
     match w.health_result(ok, state.cfg.health_failure_threshold, ok_threshold) {
         Some(true) => tracing::info!(worker = %w.url, "worker healthy"),
-        Some(false) => tracing::warn!(worker = %w.url, error = %res.err().unwrap_or_default(), "worker unhealthy; no new requests go there"),
+        Some(false) => tracing::warn!(worker = %w.url, error = %res.err().map(|e| e.to_string()).unwrap_or_default(), "worker unhealthy; no new requests go there"),
         None => {}
     }
     ok

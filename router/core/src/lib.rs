@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod error;
 pub mod health;
 pub mod limits;
+pub mod liveness;
 pub mod metrics;
 pub mod pd;
 pub mod policies;

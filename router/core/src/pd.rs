@@ -115,6 +115,8 @@ async fn attempt(state: &Arc<AppState>, out: &mut Outgoing, p: Arc<Worker>, d: A
                     return Attempt::Failed(e);
                 }
             },
+            _ = d.liveness.stalled() => return Attempt::Failed(RouterError::Stalled(state.cfg.stall_timeout_secs)),
+            _ = p.liveness.stalled(), if !p_done => return Attempt::Failed(RouterError::Stalled(state.cfg.stall_timeout_secs)),
             _ = tokio::time::sleep_until(deadline) => {
                 return Attempt::Failed(RouterError::Timeout(state.cfg.request_timeout_secs));
             }

@@ -130,14 +130,15 @@ pub async fn forward(state: &Arc<AppState>, role: Role, policy: Option<&dyn Poli
         let guard = LoadGuard::new(&w);
         let url = format!("{}{}", w.url, out.path_and_query);
         let sent = client::send(&state.client, out.method.clone(), &url, &out.headers, &out.request_id, out.body.clone());
-        let resp = match tokio::time::timeout_at(deadline, sent).await {
-            Err(_) => {
+        let resp = tokio::select! {
+            r = sent => r,
+            _ = w.liveness.stalled() => Err(RouterError::Stalled(state.cfg.stall_timeout_secs)),
+            _ = tokio::time::sleep_until(deadline) => {
                 let e = RouterError::Timeout(state.cfg.request_timeout_secs);
                 state.metrics.request(route, &w.url, e.status().as_u16());
                 state.metrics.rejected("timeout");
                 return error_response(&e);
             }
-            Ok(r) => r,
         };
         let err = match resp {
             Ok(resp) if resp.status().is_server_error() || resp.status() == StatusCode::TOO_MANY_REQUESTS || resp.status() == StatusCode::REQUEST_TIMEOUT => {

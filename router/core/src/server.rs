@@ -113,8 +113,18 @@ async fn info(state: &Arc<AppState>, req: Request<Incoming>, request_id: String,
     Ok(forward(state, role, None, out).await)
 }
 
+/// Bytes of the request line and headers, as they came on the wire (give or take whitespace).
+fn head_size(req: &Request<Incoming>) -> usize {
+    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    line + req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>()
+}
+
 async fn dispatch(state: &Arc<AppState>, req: Request<Incoming>, request_id: String) -> Result<Response<RespBody>, RouterError> {
     let started = Instant::now();
+    if head_size(&req) > state.cfg.max_header_size {
+        state.metrics.rejected("header");
+        return Err(RouterError::HeaderTooLarge { limit: state.cfg.max_header_size });
+    }
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if path == "/health" || path == "/liveness" {
@@ -182,6 +192,7 @@ pub async fn serve(state: Arc<AppState>, listener: TcpListener, stop: impl std::
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.keep_alive(true);
+    http.max_buf_size(crate::config::HEAD_BUFFER);
     // No half-closed clients: while a request's answer is pending, hyper keeps reading the
     // client connection and an EOF there ends the connection and drops the request's future,
     // upstream requests included (the workers then abort them). That is how a client that

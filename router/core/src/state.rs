@@ -42,7 +42,7 @@ impl AppState {
             policy: policies::build(cfg.policy, &cfg),
             prefill_policy: policies::build(cfg.prefill_policy(), &cfg),
             decode_policy: policies::build(cfg.decode_policy(), &cfg),
-            client: crate::client::build(),
+            client: crate::client::build(cfg.worker_api_key.as_deref()),
             metrics: Metrics::default(),
             limiter,
             backoff: Backoff {

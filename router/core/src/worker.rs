@@ -1,6 +1,7 @@
 //! A worker as the router sees it: address, role, in-flight load, health, circuit breaker.
 
 use crate::breaker::{BreakerConfig, CircuitBreaker};
+use crate::liveness::Liveness;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ pub struct Worker {
     /// Moving average of how long requests stayed in flight (ns; 0 until one finished).
     duration_ns: AtomicU64,
     pub breaker: CircuitBreaker,
+    pub liveness: Liveness,
 }
 
 /// Host of an `http://host:port/...` URL, without brackets for IPv6.
@@ -79,6 +81,7 @@ impl Worker {
             oks: AtomicU32::new(0),
             duration_ns: AtomicU64::new(0),
             breaker: CircuitBreaker::new(breaker, url),
+            liveness: Liveness::default(),
         })
     }
 

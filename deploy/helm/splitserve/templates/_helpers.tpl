@@ -60,6 +60,29 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- .Values.transfer.clusterToken.existingSecret | default (printf "%s-cluster-token" (include "splitserve.fullname" .)) -}}
 {{- end -}}
 
+{{- define "splitserve.workerApiKeySecret" -}}
+{{- .Values.workerApiKey.existingSecret | default (printf "%s-worker-key" (include "splitserve.fullname" .)) -}}
+{{- end -}}
+
+{{/* A Secret holding one random value under `key`, made once and kept across upgrades (read back with lookup).
+     Arguments: root, name, key, component. */}}
+{{- define "splitserve.randomSecret" -}}
+{{- $old := lookup "v1" "Secret" .root.Release.Namespace .name }}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels: {{- include "splitserve.labels" (dict "root" .root "component" .component) | nindent 4 }}
+type: Opaque
+data:
+  {{- if and $old $old.data (index $old.data .key) }}
+  {{ .key }}: {{ index $old.data .key }}
+  {{- else }}
+  {{ .key }}: {{ randAlphaNum 32 | b64enc }}
+  {{- end }}
+{{- end -}}
+
 {{- define "splitserve.apiKeyEnabled" -}}
 {{- if or .Values.router.apiKey.existingSecret .Values.router.apiKey.value -}}true{{- end -}}
 {{- end -}}
