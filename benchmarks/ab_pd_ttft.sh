@@ -13,7 +13,7 @@ for round in $(seq 1 "$rounds"); do
   for side in old new; do
     dir=$repo; [ "$side" = old ] && dir=$old/tree
     tag=$side-$round
-    (cd "$dir" && exec "$py" -m engine.cli up --port 0 --run-dir "$out/$tag") > "$out/$tag.up" 2>&1 &
+    (cd "$dir" && exec "$py" -m splitserve up --port 0 --run-dir "$out/$tag") > "$out/$tag.up" 2>&1 &
     pid=$!
     for _ in $(seq 1 300); do grep -q "SplitServe is ready" "$out/$tag.up" && break; sleep 1; done
     url=$(grep -o "router at http://[0-9.:]*" "$out/$tag.up" | head -1 | cut -d' ' -f3)

@@ -10,7 +10,7 @@ from decode_worker.allow import PrefillAllowList
 from decode_worker.config import DecodeConfig
 from decode_worker.role import DecodeRole
 from engine.async_engine import AsyncEngine
-from engine.cli_args import add_dataclass_args, dataclass_from_args
+from configflags import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore, resolve_device
 from engine.request import Request
 from engine.metrics import EngineMetrics

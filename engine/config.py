@@ -1,4 +1,4 @@
-"""Frozen configuration dataclasses for the engine; CLI flags are derived from them (cli_args.py)."""
+"""Frozen configuration dataclasses for the engine; CLI flags are derived from them (configflags)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +8,10 @@ EVICTION_POLICIES = ("lru", "lfu", "priority")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PREPACK_MODES = ("auto", "on", "off")
 API_KEY_ENV = "SPLITSERVE_API_KEY"  # a worker's --api-key, when not given on the command line
+
+
+class EngineConfigError(ValueError):
+    """A setting the engine cannot run with; the message names the flag to change."""
 
 
 @dataclass(frozen=True)

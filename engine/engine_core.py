@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, EngineConfigError
 from engine.detokenizer import IncrementalDetokenizer
 from engine.mem.allocator import PageAllocator
 from engine.mem.base import NoPrefixCache, PrefixCache
@@ -94,7 +94,7 @@ class EngineCore:
         self.served_model_name = self.served_model_names[0]
         page = cfg.cache.page_size
         if page < 1:
-            raise ValueError("--page-size must be at least 1")
+            raise EngineConfigError("--page-size must be at least 1")
         kv_dtype = self.dtype if cfg.cache.kv_cache_dtype == "auto" else DTYPES[cfg.cache.kv_cache_dtype]
         probe = KVShape(self.arch.num_layers, 1, 1, self.arch.num_kv_heads, self.arch.head_dim, kv_dtype)
         tokens = _pool_tokens(cfg, probe.bytes_per_token, self.device)
@@ -115,7 +115,6 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
-        self.num_steps = 0
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
                  "context=%d", self.source.path, self.arch.architecture, self.dtype, kv_dtype, self.device,
                  num_pages - 1, page, self.context_length)
@@ -223,7 +222,6 @@ class EngineCore:
         """Forward, sample, update, detokenize. A forward failure fails the step (the caller aborts what ran); a
         failure that belongs to one request (its sampling, its detokenization or stop strings) fails that request
         alone with a 500 naming the stage, and the rest of the batch goes on."""
-        self.num_steps += 1
         logits, sampled, prompt_logits = self.runner.forward(batch)
         reqs = [s.req for s in sampled]
         errors: dict[int, Exception] = {}

@@ -61,12 +61,8 @@ class Request:
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)  # entry j: prompt token j + 1 (echo with logprobs)
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
-
     def tokens(self, start: int, end: int) -> list[int]:
-        """fill_ids[start:end] without building fill_ids."""
+        """(prompt_ids + output_ids)[start:end] without building the joined list."""
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]

@@ -18,14 +18,8 @@ Layout
   AuxRecord(first_token_id, cached_tokens, room)        AuxBuffer(num_slots).layout
   SharedSegment.create(size, name=None) -> .name .size .address .buffer (memoryview) .close()
 
-Config (one frozen dataclass; flags --transfer-*)
-  TransferConfig(backend="auto", hostname="", protocol="tcp", device_name="",
-                 metadata_server="P2PHANDSHAKE", rpc_port_min=0, rpc_port_max=0,
-                 bootstrap_timeout=10, waiting_timeout=30, transfer_timeout=15,
-                 heartbeat_interval=1, heartbeat_timeout=5, rpc_timeout=3,
-                 max_batch_entries=1024, aux_staging_slots=1024, monitor_interval=0.05,
-                 room_linger=60)
-  add_transfer_flags(parser, defaults=None)     transfer_config_from_args(namespace) -> TransferConfig
+Config (one frozen dataclass; its fields and defaults are in kv_transfer/config.py; flags --transfer-*)
+  TransferConfig(...)     add_transfer_flags(parser)     transfer_config_from_args(namespace) -> TransferConfig
 
 Decode side (receiver)
   DecodeTransferManager(config, layout, aux: AuxLayout, *, worker_id="decode",

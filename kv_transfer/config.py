@@ -1,7 +1,7 @@
 """TransferConfig: every knob of kv_transfer in one frozen dataclass, and its argparse flags.
 
-Each field's flag is `--transfer-<field name with dashes>`, except `backend`, whose flag is
-`--transfer-backend`. Defaults live only here. Durations are seconds.
+Each field's flag is `--transfer-<field name with dashes>` (configflags), except the cluster token's two, which
+ARCHITECTURE.md names `--cluster-token` and `--cluster-token-file`. Defaults live only here. Durations are seconds.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from configflags import add_dataclass_args, dataclass_from_args, flag_of
 from kv_transfer.errors import ConfigError
 
 BACKENDS = ("auto", "mooncake", "shm", "fake")
@@ -47,9 +48,11 @@ class TransferConfig:
     staging_slots: int = _opt(4, "staging slots the decode side keeps per prefill peer")
     monitor_interval: float = _opt(0.05, "seconds between deadline checks")
     room_linger: float = _opt(60.0, "seconds a finished room stays queryable before it is forgotten")
+    # ARCHITECTURE.md names these two flags without the --transfer- prefix.
     cluster_token: str = _opt("", "shared secret on every bootstrap gRPC call (prefill: required of peers when "
-                                  "set; decode: presented); or $SPLITSERVE_CLUSTER_TOKEN, or --cluster-token-file")
-    cluster_token_file: str = _opt("", "read the cluster token from this file")
+                                  "set; decode: presented); or $SPLITSERVE_CLUSTER_TOKEN, or --cluster-token-file",
+                              flag="--cluster-token")
+    cluster_token_file: str = _opt("", "read the cluster token from this file", flag="--cluster-token-file")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -97,35 +100,20 @@ class TransferConfig:
         os.environ.setdefault("MC_TCP_ENABLE_CONNECTION_POOL", "1")
 
 
-_PLAIN_FLAGS = ("cluster_token", "cluster_token_file")  # ARCHITECTURE.md names these without the prefix
-
-
 def flag_name(field_name: str) -> str:
-    if field_name in _PLAIN_FLAGS:
-        return "--" + field_name.replace("_", "-")
-    return "--transfer-" + field_name.replace("_", "-") if field_name != "backend" else "--transfer-backend"
+    return flag_of(TransferConfig, field_name, "transfer")
 
 
-def add_transfer_flags(parser: argparse.ArgumentParser, defaults: TransferConfig | None = None) -> None:
+def add_transfer_flags(parser: argparse.ArgumentParser) -> None:
     """Add one flag per TransferConfig field to `parser` (dest: transfer_<field>)."""
-    base = defaults or TransferConfig()
-    group = parser.add_argument_group("KV transfer")
-    for f in dataclasses.fields(TransferConfig):
-        kwargs: dict[str, Any] = {
-            "dest": f"transfer_{f.name}",
-            "default": getattr(base, f.name),
-            "type": type(getattr(base, f.name)),
-            "help": f"{f.metadata['help']} (default: %(default)s)",
-        }
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        group.add_argument(flag_name(f.name), **kwargs)
+    add_dataclass_args(parser, TransferConfig, "KV transfer", prefix="transfer")
 
 
 def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig:
-    """Build the config from a namespace parsed with add_transfer_flags."""
+    """Build the config from a namespace parsed with add_transfer_flags; the cluster token resolved (flag,
+    environment or file)."""
     from kv_transfer.auth import resolve_token
 
-    values = {f.name: getattr(args, f"transfer_{f.name}") for f in dataclasses.fields(TransferConfig)}
-    values["cluster_token"] = resolve_token(values["cluster_token"], values.pop("cluster_token_file"))
-    return TransferConfig(**values, cluster_token_file="")
+    cfg = dataclass_from_args(TransferConfig, args, prefix="transfer")
+    return dataclasses.replace(cfg, cluster_token=resolve_token(cfg.cluster_token, cfg.cluster_token_file),
+                               cluster_token_file="")

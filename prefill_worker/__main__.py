@@ -5,7 +5,7 @@ import logging
 import socket
 
 from engine.async_engine import AsyncEngine
-from engine.cli_args import add_dataclass_args, dataclass_from_args
+from configflags import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app

@@ -11,10 +11,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(pred: Any, timeout: float = 10.0, step: float = 0.02, what: str = "condition") -> bool:
+    """Polls ``pred`` until it is true (then True) or ``timeout`` s pass (then AssertionError naming ``what``); a
+    connection error while polling counts as "not yet"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if pred():
+                return True
+        except (httpx.HTTPError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(step)
 
 
 def free_port() -> int:

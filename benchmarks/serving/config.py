@@ -1,5 +1,5 @@
 """The load test's configuration: one frozen dataclass per part (target, workload, load, output). The command
-line is built from these (engine.cli_args), so each default lives here and nowhere else."""
+line is built from these (configflags), so each default lives here and nowhere else."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from engine.cli_args import add_dataclass_args, dataclass_from_args
+from configflags import add_dataclass_args, dataclass_from_args
 
 BACKENDS = ("completions", "chat", "generate")
 WORKLOADS = ("random", "shared-prefix", "multi-turn", "interference", "jsonl")

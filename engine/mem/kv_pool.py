@@ -76,7 +76,3 @@ class KVPool:
                 "page_size": s.page_size, "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
                 "dtype": str(s.dtype).replace("torch.", "")}
 
-    def page_slots(self, pages: torch.Tensor) -> torch.Tensor:
-        """Slot indices of every token position of the given pages, flattened ([len(pages) * page_size])."""
-        p = self.shape.page_size
-        return (pages.unsqueeze(1) * p + torch.arange(p, device=pages.device)).reshape(-1)

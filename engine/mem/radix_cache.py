@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
+from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
 
 PageKey = tuple[int, ...]
@@ -39,7 +40,7 @@ class RadixCache(PrefixCache):
 
     def __init__(self, page_size: int, free_pages: Callable[[list[int]], None], policy: str = "lru") -> None:
         if policy not in ("lru", "lfu", "priority"):
-            raise ValueError(f"unknown eviction policy {policy!r}")
+            raise EngineConfigError(f"--eviction-policy {policy!r} is not one of lru, lfu, priority")
         self.page_size = page_size
         self.policy = policy
         self._free_pages = free_pages

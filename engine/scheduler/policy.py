@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.config import EngineConfigError
 from engine.request import Request
 
 LPM_MAX_QUEUE = 128
@@ -14,4 +15,4 @@ def order_waiting(waiting: list[Request], policy: str, cached_tokens: Callable[[
         return waiting
     if policy == "lpm":
         return sorted(waiting, key=lambda r: -cached_tokens(r))  # stable: ties keep arrival order
-    raise ValueError(f"unknown schedule policy {policy!r}")
+    raise EngineConfigError(f"--schedule-policy {policy!r} is unknown")

@@ -1,7 +1,7 @@
 """The scheduler: ``schedule()`` picks what the next step computes, ``update()`` applies its sampled tokens.
 
-Every running request computes ``fill_ids[kv_len:]``: a decode is the case of one remaining token; a prefill
-is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token budget. Decodes go first, so
+Every running request computes its tokens (prompt, then output) from ``kv_len`` on: a decode is the case of one
+remaining token; a prefill is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token budget. Decodes go first, so
 a long prompt never stalls running streams. Admission allocates a request's pages up front; decode pages are
 added at page boundaries, and when memory runs out the newest request is retracted (its pages released, the
 request requeued with its output so far) so older ones can finish.

@@ -16,8 +16,16 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from engine.cli_args import add_dataclass_args, dataclass_from_args
-from engine.config import API_KEY_ENV, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
+from configflags import add_dataclass_args, dataclass_from_args
+from engine.config import (
+    API_KEY_ENV,
+    CacheConfig,
+    EngineConfig,
+    EngineConfigError,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+)
 from engine.models.config import ModelLoadError
 from engine.server.http1 import JsonErrorsH11Protocol
 
@@ -51,11 +59,11 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 
 @contextlib.contextmanager
 def exit_on_model_error(prog: str) -> Iterator[None]:
-    """A model we cannot serve ends the process at start with status 2 and one line naming what is wrong
-    (and what is supported), not a traceback."""
+    """A model we cannot serve, or a setting the engine cannot run with, ends the process at start with status 2
+    and one line naming what is wrong (and what is supported), not a traceback."""
     try:
         yield
-    except ModelLoadError as e:
+    except (ModelLoadError, EngineConfigError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from benchmarks.bench_serving import main as bench_main
-from engine.cli import main as splitserve_main
+from splitserve.cli import main as splitserve_main
 from tests.helpers import REPO
 
 ARGS = ("--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--warmup-requests", "0")
@@ -74,7 +74,7 @@ def test_splitserve_bench_delegates_to_the_tool(fault_server, tmp_path, capsys):
 
 
 def test_splitserve_help_lists_both_subcommands():
-    res = subprocess.run([sys.executable, "-m", "engine.cli", "--help"], cwd=REPO, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "splitserve", "--help"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0
     assert "tiny-model" in res.stdout and "bench" in res.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import ServerProcess
+from tests.helpers import ServerProcess, wait_until
 from tests.pd.conftest import start_decode, start_prefill, wait_pool_idle
 
 STALL_S = 3
@@ -50,15 +50,6 @@ def two_decode_cluster(model: Path) -> Iterator[tuple[ServerProcess, list[Server
 
 def healthy(router: ServerProcess) -> dict[str, bool]:
     return {w["url"]: w["healthy"] for w in httpx.get(router.url + "/workers", timeout=5).json()["workers"]}
-
-
-def wait_until(cond, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_frozen_decode_worker_fails_its_streams_fast(tiny_model_dir: Path) -> None:

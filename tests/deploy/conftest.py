@@ -157,11 +157,11 @@ class LineReader:
 
 
 class Up(LineReader):
-    """``python -m engine.cli up`` (the ``splitserve up`` console script's code path) on free ports."""
+    """``python -m splitserve up`` (the ``splitserve up`` console script's code path) on free ports."""
 
     def __init__(self, run_dir: Path, *flags: str) -> None:
         self.run_dir = run_dir
-        super().__init__([sys.executable, "-m", "engine.cli", "up", "--port", "0", "--run-dir", str(run_dir),
+        super().__init__([sys.executable, "-m", "splitserve", "up", "--port", "0", "--run-dir", str(run_dir),
                           f"--worker-args={SMALL_WORKERS}", *flags], run_dir.parent / f"{run_dir.name}.out")
 
     def wait_ready(self, timeout: float = 300.0) -> str:

@@ -14,7 +14,14 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deploy.conftest import SMALL_WORKERS, LineReader, chat_succeeds_within, cmdline, environ_of, wait_all_gone
+from tests.deploy.conftest import (
+    SMALL_WORKERS,
+    LineReader,
+    chat_succeeds_within,
+    cmdline,
+    environ_of,
+    wait_all_gone,
+)
 from tests.deploy.ray_head import RayHead
 from tests.helpers import REPO
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from engine.cli import main as splitserve_main
 from engine.tiny_model import write_tiny_model
+from splitserve.cli import main as splitserve_main
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

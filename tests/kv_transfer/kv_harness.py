@@ -113,15 +113,6 @@ class Peer:
         self.kill()
 
 
-def wait_until(predicate: Any, timeout: float, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
 def open_room(prefill: Peer, decode: Peer, room: int, dst: list[int], aux_slot: int = 0) -> None:
     """Decode reserves `dst`, prefill creates the sender; returns once prefill is WaitingForInput."""
     decode.call("recv", room=room, port=prefill.port, pages=dst, aux_slot=aux_slot)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from kv_harness import wait_until
 from kv_inproc import InProcPair
+
 from kv_transfer import PageIndexError, RoomState
 from kv_transfer.aux import MAX_EXTRA_PAYLOAD
+from tests.helpers import wait_until
 
 
 def _ready(pair: InProcPair, room: int, pages: list[int], slot: int):  # type: ignore[no-untyped-def]

@@ -7,10 +7,11 @@ import argparse
 
 import pytest
 
-from kv_harness import FAST, wait_until
+from kv_harness import FAST
 from kv_inproc import SHAPE, LocalPool
 from kv_transfer import (AuxBuffer, ConfigError, DecodeTransferManager, PrefillTransferManager, RoomState,
                          TransferConfig, add_transfer_flags, transfer_config_from_args)
+from tests.helpers import wait_until
 
 
 def transfer(prefill_token: str, decode_token: str, room: int) -> tuple[RoomState, str | None]:

@@ -1,11 +1,11 @@
 """Transfer metrics: bytes, durations, failures by reason and rooms by state, also as Prometheus series."""
 from __future__ import annotations
 
+from kv_inproc import InProcPair
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kv_harness import wait_until
-from kv_inproc import InProcPair
 from kv_transfer import FAKE_FAULTS, RoomState, TransferMetrics
+from tests.helpers import wait_until
 
 
 def test_metrics_count_bytes_failures_and_rooms() -> None:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import pytest
-
-from kv_harness import PeerError, wait_until
+from kv_harness import PeerError
 from kv_inproc import SHAPE, InProcPair
+
 from kv_transfer import AuxBuffer, PageIndexError, RoomState
 from kv_transfer.protogen import stubs
 from kv_transfer.wire import aux_to_msg, layout_to_msg, offer_to_msg, raise_if_error
+from tests.helpers import wait_until
 
 PAGES = 64
 

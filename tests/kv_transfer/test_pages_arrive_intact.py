@@ -4,10 +4,10 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from kv_harness import wait_until
 from kv_inproc import InProcPair
+
 from kv_transfer import RoomState
+from tests.helpers import wait_until
 
 PAGES = 512  # scattered sets of ~200 pages over 8 K/V buffers give >1024 entries: batches must be split
 SHAPE = dict(layers=4, pages=PAGES, page_size=4, heads=2, dim=16, dtype="float32")

@@ -1,9 +1,10 @@
 """The decode side's room info may reach the prefill worker before or after its own request: both work."""
 from __future__ import annotations
 
-from kv_harness import wait_until
 from kv_inproc import InProcPair
+
 from kv_transfer import RoomState
+from tests.helpers import wait_until
 
 
 def _finish(pair: InProcPair, room: int, receiver, sender) -> None:  # type: ignore[no-untyped-def]

@@ -8,18 +8,19 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from kv_harness import open_room
 
-from kv_harness import open_room, wait_until
 from kv_transfer import KVLayout, TransferConfig
 from kv_transfer.aux import AuxBuffer, AuxStaging
 from kv_transfer.errors import PageIndexError, TransferIOError
 from kv_transfer.metrics import TransferMetrics
+from kv_transfer.page_views import PageViews
 from kv_transfer.peers import DecodePeer
 from kv_transfer.sender import KVSender
+from kv_transfer.staging import StagingArea, StagingSlots
 from kv_transfer.state import FailureKind
 from kv_transfer.transport import fake
-from kv_transfer.page_views import PageViews
-from kv_transfer.staging import StagingArea, StagingSlots
+from tests.helpers import wait_until
 
 PAGE_ALL_LAYERS = 4 * 2 * 512  # default peer shape: 4 layers x K/V x 512-byte pages
 SMALL_SLOTS = {"staging_slot_bytes": 3 * PAGE_ALL_LAYERS, "staging_slots": 2}  # 3 pages per slot

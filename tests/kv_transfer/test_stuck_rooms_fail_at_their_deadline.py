@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
-from kv_harness import wait_until
 from kv_inproc import InProcPair
+
 from kv_transfer import RoomState
+from tests.helpers import wait_until
 
 SHORT = dict(bootstrap_timeout=0.5, waiting_timeout=0.5, transfer_timeout=0.5)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ctypes
 
-from kv_harness import wait_until
 from kv_inproc import InProcPair
+
 from kv_transfer import AuxRecord, RoomState
 from kv_transfer.wire import pb
+from tests.helpers import wait_until
 
 
 def _opened(pair: InProcPair, room: int, pages: list[int], slot: int):  # type: ignore[no-untyped-def]

@@ -71,15 +71,6 @@ def failures(server: ServerProcess, role: str, reason: str) -> float:
     return metric(server, "splitserve_kv_transfer_failures_total", role=role, reason=reason)
 
 
-def wait_for(pred, timeout: float = 30, what: str = "condition") -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def serves(prefill: ServerProcess, bport: int, decode: ServerProcess, room: int) -> None:
     """A fresh request pair succeeds."""
     p, d = pair(prefill, bport, decode, room, list(range(10, 60)))

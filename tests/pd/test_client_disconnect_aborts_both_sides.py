@@ -8,8 +8,9 @@ import socket
 
 import httpx
 
+from tests.helpers import wait_until
 from tests.pd.conftest import Cluster, bootstrap, wait_pool_idle
-from tests.pd.faults import LONG_PROMPT, Call, failures, rooms, serves, wait_for
+from tests.pd.faults import LONG_PROMPT, Call, failures, rooms, serves
 
 
 def test_disconnect_mid_stream_stops_decoding(cluster: Cluster) -> None:
@@ -38,7 +39,7 @@ def test_disconnect_before_the_first_token_aborts_the_prefill(cluster: Cluster) 
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall((f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(raw)}\r\n\r\n{raw}").encode())
-        wait_for(lambda: rooms(cluster.decode, "decode", "transferring")
+        wait_until(lambda: rooms(cluster.decode, "decode", "transferring")
                  + rooms(cluster.decode, "decode", "waiting_for_input") >= 1, what="room open")
     p.wait()
     assert p.status == 502 and "aborted by decode" in p.body_out["error"]["message"], p.body_out

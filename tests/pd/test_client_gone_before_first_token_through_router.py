@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess
+from tests.helpers import ServerProcess, wait_until
 from tests.pd.conftest import start_decode, start_prefill, start_router, wait_pool_idle
-from tests.pd.faults import failures, rooms, wait_for
+from tests.pd.faults import failures, rooms
 
 LONG_PROMPT = [random.Random(5).randrange(10, 4000) for _ in range(3000)]
 
@@ -61,9 +61,9 @@ def test_client_gone_during_prefill_aborts_both_workers(pd_cluster: PdCluster) -
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall((f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-        wait_for(lambda: room_open(c.prefill), timeout=30, what="the prefill room open")
+        wait_until(lambda: room_open(c.prefill), timeout=30, what="the prefill room open")
     # The socket is closed; the prefill is far from done. The room must fail as aborted, not succeed.
-    wait_for(lambda: aborted(c.prefill) > before, timeout=30, what="the prefill room aborted")
+    wait_until(lambda: aborted(c.prefill) > before, timeout=30, what="the prefill room aborted")
     assert not room_open(c.prefill)
     for srv in (c.prefill, c.decode):
         wait_pool_idle(srv)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.pd.conftest import start_decode, start_prefill, wait_pool_idle
-from tests.pd.faults import LONG_PROMPT, pair, rooms, serves, wait_for
+from tests.pd.faults import LONG_PROMPT, pair, rooms, serves
 
 ERROR_WITHIN = 30  # seconds: prefill time before the fault + the 2 s heartbeat deadline + slack for a loaded machine
 SLOW_PREFILL = ("--chunked-prefill-size", "8")
@@ -30,7 +31,7 @@ def test_decode_dies_mid_transfer(tiny_model_dir: Path, sig: signal.Signals) -> 
         for srv in (prefill, decode, spare):
             srv.wait_ready()
         p, d = pair(prefill, bport, decode, 101, LONGER_PROMPT)
-        wait_for(lambda: rooms(prefill, "prefill", "transferring") >= 1, what="pages moving")
+        wait_until(lambda: rooms(prefill, "prefill", "transferring") >= 1, what="pages moving")
         decode.proc.send_signal(sig)
         p.wait()
         assert p.status == 502 and "KV transfer failed" in p.body_out["error"]["message"], p.body_out
@@ -59,7 +60,7 @@ def test_prefill_dies_mid_prefill(tiny_model_dir: Path, sig: signal.Signals) -> 
         for srv in (prefill, spare, decode):
             srv.wait_ready()
         p, d = pair(prefill, bport, decode, 201, LONG_PROMPT)
-        wait_for(lambda: rooms(decode, "decode", "transferring") + rooms(decode, "decode", "waiting_for_input") >= 1,
+        wait_until(lambda: rooms(decode, "decode", "transferring") + rooms(decode, "decode", "waiting_for_input") >= 1,
                  what="room open on the decode side")
         prefill.proc.send_signal(sig)
         d.wait()

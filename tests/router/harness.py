@@ -6,33 +6,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.helpers import free_port, wait_until
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STARTUP_S = 20.0
-
-
-def free_port() -> int:
-    from deploy.process import free_ports
-    return free_ports(1)[0]
-
-
-def wait_until(pred: Any, timeout: float = 10.0, step: float = 0.05, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred():
-                return
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @dataclass

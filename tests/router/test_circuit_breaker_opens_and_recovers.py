@@ -3,7 +3,9 @@ health checks pass); after the cool-down one trial request goes through, and suc
 from __future__ import annotations
 
 import httpx
-from harness import Cluster, wait_until
+from harness import Cluster
+
+from tests.helpers import wait_until
 
 
 def circuit(r, url: str) -> str:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import socket
 
-from harness import Cluster, wait_until
+from harness import Cluster
 from test_pd_pairs_prefill_and_decode_with_fresh_rooms import pd_router
+
+from tests.helpers import wait_until
 
 
 def send_and_hold(url: str, body: dict) -> socket.socket:

@@ -4,7 +4,9 @@ dropped watch is followed by a re-list that catches up."""
 from __future__ import annotations
 
 import httpx
-from harness import HERE, Cluster, free_port, wait_until
+from harness import HERE, Cluster
+
+from tests.helpers import free_port, wait_until
 
 
 def fake_api(cluster: Cluster) -> str:

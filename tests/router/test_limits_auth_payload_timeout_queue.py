@@ -7,7 +7,9 @@ import concurrent.futures as cf
 import httpx
 import openai
 import pytest
-from harness import Cluster, wait_until
+from harness import Cluster
+
+from tests.helpers import wait_until
 
 
 def test_api_key_is_required_except_for_liveness(cluster: Cluster) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 import httpx
-from harness import Cluster, sse_events, wait_until
+from harness import Cluster, sse_events
 from test_pd_pairs_prefill_and_decode_with_fresh_rooms import pd_router
+
+from tests.helpers import wait_until
 
 
 def test_retryable_prefill_failure_moves_to_another_pair_with_a_new_room(cluster: Cluster) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 
 import httpx
-from harness import Cluster, wait_until
+from harness import Cluster
+
+from tests.helpers import wait_until
 
 
 def test_power_of_two_avoids_the_worker_reporting_load(cluster: Cluster) -> None:

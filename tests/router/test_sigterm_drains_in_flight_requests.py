@@ -5,7 +5,9 @@ import signal
 
 import httpx
 import pytest
-from harness import Cluster, background_stream, sse_events, wait_until
+from harness import Cluster, background_stream, sse_events
+
+from tests.helpers import wait_until
 
 
 def test_sigterm_lets_the_stream_finish_then_exits(cluster: Cluster) -> None:

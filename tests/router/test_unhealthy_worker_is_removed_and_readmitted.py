@@ -3,7 +3,9 @@ requests; after --health-success-threshold good checks it is taken back."""
 from __future__ import annotations
 
 import httpx
-from harness import Cluster, wait_until
+from harness import Cluster
+
+from tests.helpers import wait_until
 
 
 def healthy(r, url: str) -> bool:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import httpx
-from harness import Cluster, background_stream, sse_events, wait_until
+from harness import Cluster, background_stream, sse_events
+
+from tests.helpers import wait_until
 
 
 def test_add_then_remove_changes_where_requests_go(cluster: Cluster) -> None:

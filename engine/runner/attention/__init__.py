@@ -1,4 +1,5 @@
 """Attention backends over the paged KV pool, behind one interface (base.AttentionBackend)."""
+from engine.config import EngineConfigError
 from engine.runner.attention.base import AttentionBackend, AttentionMeta, ExtendSeq
 from engine.runner.attention.torch_backend import TorchAttentionBackend
 
@@ -8,4 +9,4 @@ __all__ = ["AttentionBackend", "AttentionMeta", "ExtendSeq", "TorchAttentionBack
 def create_backend(name: str, pool: object, num_heads: int, head_dim: int) -> AttentionBackend:
     if name in ("auto", "torch"):
         return TorchAttentionBackend(pool, num_heads, head_dim)  # type: ignore[arg-type]
-    raise ValueError(f"unknown attention backend {name!r}")
+    raise EngineConfigError(f"--attention-backend {name!r} is unknown")

@@ -87,12 +87,17 @@ pub async fn send(
     let req = req
         .body(Full::new(body))
         .map_err(|e| RouterError::BadRequest(format!("cannot build a request for {url}: {e}")))?;
-    client.pool.request(authority, req).await.map_err(|message| RouterError::Connect { worker: url.to_string(), message })
+    client.pool.request(authority, req).await.map_err(|e| RouterError::Connect { worker: url.to_string(), message: e.to_string() })
 }
 
+/// A body that could not be read whole: it broke off, or it passed the limit.
+#[derive(Debug, thiserror::Error)]
+#[error("could not read the body: {0}")]
+pub struct BodyError(String);
+
 /// Reads a whole (small) worker body, at most `limit` bytes.
-pub async fn read_body(body: UpBody, limit: usize) -> Result<Bytes, String> {
-    Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
+pub async fn read_body(body: UpBody, limit: usize) -> Result<Bytes, BodyError> {
+    Limited::new(body, limit).collect().await.map(|c| c.to_bytes()).map_err(|e| BodyError(e.to_string()))
 }
 
 /// Why a probe failed: no answer in time (the worker may be frozen), or an answer that was not a 2xx (or no
@@ -112,7 +117,7 @@ pub async fn get_ok(client: &HttpClient, url: &str, timeout: Duration) -> Result
             .await
             .map_err(|e| ProbeError::Failed(e.to_string()))?;
         let status = resp.status();
-        let body = read_body(resp.into_body(), 1 << 20).await.map_err(ProbeError::Failed)?;
+        let body = read_body(resp.into_body(), 1 << 20).await.map_err(|e| ProbeError::Failed(e.to_string()))?;
         if status.is_success() {
             Ok(body)
         } else {

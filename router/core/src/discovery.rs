@@ -70,6 +70,23 @@ fn pod_name(pod: &Value) -> Option<String> {
     pod.pointer("/metadata/name").and_then(Value::as_str).map(String::from)
 }
 
+/// Why a list or watch of the API server failed (the watcher logs it and starts over).
+#[derive(Debug, thiserror::Error)]
+enum DiscoveryError {
+    #[error("{0}")]
+    Request(#[from] crate::error::RouterError),
+    #[error(transparent)]
+    Body(#[from] crate::client::BodyError),
+    #[error("{what} answered {status}: {body}")]
+    Status { what: &'static str, status: http::StatusCode, body: String },
+    #[error("pod list is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("watch stream broke: {0}")]
+    Stream(String),
+    #[error("watch error event: {0}")]
+    Event(String),
+}
+
 struct Watcher {
     state: Arc<AppState>,
     /// Its own connections to the API server, without the workers' key.
@@ -101,14 +118,14 @@ impl Watcher {
     }
 
     /// Lists pods, reconciles, and returns the list's resourceVersion.
-    async fn relist(&mut self) -> Result<String, String> {
-        let resp = send(&self.client, Method::GET, &self.base, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
+    async fn relist(&mut self) -> Result<String, DiscoveryError> {
+        let resp = send(&self.client, Method::GET, &self.base, &self.headers, "discovery", Bytes::new()).await?;
         let status = resp.status();
         let body = read_body(resp.into_body(), 64 << 20).await?;
         if !status.is_success() {
-            return Err(format!("pod list answered {status}: {}", String::from_utf8_lossy(&body)));
+            return Err(DiscoveryError::Status { what: "pod list", status, body: String::from_utf8_lossy(&body).into() });
         }
-        let v: Value = serde_json::from_slice(&body).map_err(|e| format!("pod list is not JSON: {e}"))?;
+        let v: Value = serde_json::from_slice(&body)?;
         let mut seen: HashMap<String, Option<PodWorker>> = HashMap::new();
         for pod in v.get("items").and_then(Value::as_array).into_iter().flatten() {
             if let Some(name) = pod_name(pod) {
@@ -125,16 +142,16 @@ impl Watcher {
         Ok(v.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or("").to_string())
     }
 
-    async fn watch(&mut self, rv: &str, secs: u64) -> Result<(), String> {
+    async fn watch(&mut self, rv: &str, secs: u64) -> Result<(), DiscoveryError> {
         let url = format!("{}&watch=true&resourceVersion={}&timeoutSeconds={secs}", self.base, encode(rv));
-        let resp = send(&self.client, Method::GET, &url, &self.headers, "discovery", Bytes::new()).await.map_err(|e| e.to_string())?;
+        let resp = send(&self.client, Method::GET, &url, &self.headers, "discovery", Bytes::new()).await?;
         if !resp.status().is_success() {
-            return Err(format!("watch answered {}", resp.status()));
+            return Err(DiscoveryError::Status { what: "watch", status: resp.status(), body: String::new() });
         }
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| e.to_string())?;
+            let frame = frame.map_err(|e| DiscoveryError::Stream(e.to_string()))?;
             let Ok(data) = frame.into_data() else { continue };
             buf.extend_from_slice(&data);
             while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
@@ -143,7 +160,7 @@ impl Watcher {
                 let kind = ev.get("type").and_then(Value::as_str).unwrap_or("");
                 let Some(pod) = ev.get("object") else { continue };
                 if kind == "ERROR" {
-                    return Err(format!("watch error event: {pod}"));
+                    return Err(DiscoveryError::Event(pod.to_string()));
                 }
                 let Some(name) = pod_name(pod) else { continue };
                 let want = if kind == "DELETED" { None } else { pod_worker(&self.state, self.role, pod) };

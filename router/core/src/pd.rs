@@ -64,7 +64,7 @@ async fn prefill_call(state: Arc<AppState>, p: Arc<Worker>, guard: LoadGuard, ur
     if !status.is_success() {
         let (msg, reply) = match client::read_body(resp.into_body(), 64 << 10).await {
             Ok(b) => (upstream_message(&b), Reply::parse(&b)),
-            Err(e) => (e, None),
+            Err(e) => (e.to_string(), None),
         };
         let e = fail(status.as_u16(), msg, reply);
         p.breaker.record(!e.is_worker_fault());

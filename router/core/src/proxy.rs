@@ -75,7 +75,7 @@ pub async fn upstream_error(worker: &Worker, resp: Response<UpBody>) -> RouterEr
     let status = resp.status().as_u16();
     let (message, reply) = match client::read_body(resp.into_body(), 64 << 10).await {
         Ok(b) => (upstream_message(&b), Reply::parse(&b)),
-        Err(e) => (e, None),
+        Err(e) => (e.to_string(), None),
     };
     RouterError::Upstream { worker: worker.url.to_string(), status, message, reply }
 }

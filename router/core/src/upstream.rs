@@ -135,23 +135,23 @@ impl Pool {
         self.lock().get_mut(key)?.pop()
     }
 
-    async fn connect(&self, key: &str) -> Result<Lease, String> {
+    async fn connect(&self, key: &str) -> Result<Lease, UpstreamError> {
         let cfg = &self.0.cfg;
         let stream = match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(key)).await {
-            Err(_) => return Err(format!("connect timed out after {:?}", cfg.connect_timeout)),
-            Ok(Err(e)) => return Err(format!("connect: {e}")),
+            Err(_) => return Err(UpstreamError::ConnectTimeout(cfg.connect_timeout)),
+            Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
             Ok(Ok(s)) => s,
         };
-        stream.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        stream.set_nodelay(true).map_err(UpstreamError::NoDelay)?;
         let ka = socket2::TcpKeepalive::new().with_time(cfg.tcp_keepalive);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka);
-        let (tx, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| format!("handshake: {e}"))?;
+        let (tx, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| UpstreamError::Handshake(error_chain(&e)))?;
         Ok(Lease { key: Arc::from(key), tx, conn, closed: false })
     }
 
     /// A live pooled connection to `key` (most recently used first), or a new one. The bool
     /// says whether it was pooled.
-    async fn checkout(&self, key: &str) -> Result<(Lease, bool), String> {
+    async fn checkout(&self, key: &str) -> Result<(Lease, bool), UpstreamError> {
         while let Some(Idle { mut lease, since }) = self.pop(key) {
             if since.elapsed() >= self.0.cfg.idle_timeout {
                 continue;
@@ -172,7 +172,7 @@ impl Pool {
     /// Sends `req` (origin-form URI, `Host` set) to `key` and waits for the response head,
     /// driving the connection meanwhile. A request that a pooled connection never got to
     /// write (the worker had closed it) is sent again on a new connection.
-    pub async fn request(&self, key: &str, req: Request<ReqBody>) -> Result<Response<UpBody>, String> {
+    pub async fn request(&self, key: &str, req: Request<ReqBody>) -> Result<Response<UpBody>, UpstreamError> {
         let mut req = req;
         loop {
             let (mut lease, pooled) = self.checkout(key).await?;
@@ -187,11 +187,27 @@ impl Pool {
                 Ok(resp) => return Ok(resp.map(|inner| UpBody { inner, lease: Some(lease), pool: self.clone() })),
                 Err(mut e) => match e.take_message() {
                     Some(r) if pooled => req = r,
-                    _ => return Err(error_chain(e.error())),
+                    _ => return Err(UpstreamError::Exchange(error_chain(e.error()))),
                 },
             }
         }
     }
+}
+
+/// Why a request got no response head from a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connect timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("TCP_NODELAY: {0}")]
+    NoDelay(std::io::Error),
+    #[error("handshake: {0}")]
+    Handshake(String),
+    /// The request could not be written or its response read (hyper's error and its causes).
+    #[error("{0}")]
+    Exchange(String),
 }
 
 fn error_chain(e: &hyper::Error) -> String {
@@ -419,6 +435,7 @@ mod tests {
         };
         let key = format!("127.0.0.1:{port}");
         let err = Pool::new(PoolConfig::default()).request(&key, get(&key)).await.unwrap_err();
-        assert!(err.contains("connect"), "{err}");
+        assert!(matches!(err, UpstreamError::Connect(_)), "{err}");
+        assert!(err.to_string().starts_with("connect: "), "{err}");
     }
 }

@@ -34,7 +34,3 @@ def main(argv: list[str] | None = None) -> None:
         from engine.tiny_model import DEFAULT_SEED, write_tiny_model  # torch loads only when it is needed
         out = write_tiny_model(args.out, seed=DEFAULT_SEED if args.seed is None else args.seed)
         print(f"wrote the tiny model to {out}")
-
-
-if __name__ == "__main__":
-    main()

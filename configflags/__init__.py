@@ -1,7 +1,9 @@
-"""Build argparse parsers from frozen config dataclasses, so each default lives in one place.
+"""Build argparse parsers from frozen config dataclasses, so each default lives in one place; every command line
+of the project (workers, router front, launchers, benchmarks, kv_transfer) is built with these two functions.
 
-A field becomes ``--field-name``. Metadata keys: ``help`` (required for the flag's text),
-``choices``, ``nargs``, and ``cli=False`` to keep a field off the command line.
+A field becomes ``--field-name`` (``--prefix-field-name`` with a prefix; its parsed value then sits under
+``prefix_field_name``). Metadata keys: ``help`` (required for the flag's text), ``choices``, ``nargs``,
+``flag`` (a flag name of its own, prefix or not), and ``cli=False`` to keep a field off the command line.
 """
 from __future__ import annotations
 
@@ -14,8 +16,14 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _dest(name: str, prefix: str) -> str:
+    return f"{prefix}_{name}" if prefix else name
+
+
+def flag_of(cls: type, name: str, prefix: str = "") -> str:
+    """The command-line flag of field ``name`` of ``cls``."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)  # type: ignore[arg-type]
+    return f.metadata.get("flag") or "--" + _dest(name, prefix).replace("_", "-")
 
 
 def _base_type(tp: Any) -> Any:
@@ -28,7 +36,7 @@ def _base_type(tp: Any) -> Any:
     return tp
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, group: str | None = None) -> None:
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, group: str | None = None, prefix: str = "") -> None:
     """Add one flag per field of the dataclass ``cls`` to ``parser``."""
     target: Any = parser.add_argument_group(group) if group else parser
     hints = typing.get_type_hints(cls)
@@ -38,7 +46,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, group: str | 
         tp = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": f.metadata.get("help", "")}
+        kwargs: dict[str, Any] = {"dest": _dest(f.name, prefix), "default": default, "help": f.metadata.get("help", "")}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -52,13 +60,13 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, group: str | 
                 kwargs["choices"] = f.metadata["choices"]
         if kwargs["help"] and default is not None and tp is not bool:
             kwargs["help"] += " (default: %(default)s)"
-        target.add_argument(_flag(f.name), **kwargs)
+        target.add_argument(flag_of(cls, f.name, prefix), **kwargs)
 
 
-def dataclass_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+def dataclass_from_args(cls: type[T], args: argparse.Namespace, prefix: str = "", **overrides: Any) -> T:
     """Instantiate ``cls`` from the parsed flags that belong to it."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-              if f.metadata.get("cli", True) and hasattr(args, f.name)}
+    values = {f.name: getattr(args, _dest(f.name, prefix)) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+              if f.metadata.get("cli", True) and hasattr(args, _dest(f.name, prefix))}
     values.update(overrides)
     if hasattr(cls, "__dataclass_fields__"):
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
