@@ -6,18 +6,18 @@ import ipaddress
 import logging
 import socket
 
+from prometheus_client import CollectorRegistry
+
 from decode_worker.allow import PrefillAllowList
 from decode_worker.config import DecodeConfig
+from decode_worker.prepare import preparer
 from decode_worker.role import DecodeRole
 from engine.async_engine import AsyncEngine
 from configflags import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore, resolve_device
-from engine.request import Request
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
-from engine.server.bootstrap import decode_prepare
 from engine.server.launch import configs_from_args, engine_parser, exit_on_model_error, run, setup_logging
-from engine.server.protocol import RoutingFields
 from engine.server.serving import ServingContext
 from kv_transfer import (AuxBuffer, AuxLayout, DecodeTransferManager, KVLayout, SharedSegment, TransferMetrics,
                          add_transfer_flags, transfer_config_from_args)
@@ -77,17 +77,18 @@ def main(argv: list[str] | None = None) -> None:
         # Mooncake, whose listeners take every interface, is not started (--transfer-backend mooncake forces it).
         transfer_cfg = dataclasses.replace(transfer_cfg, backend="shm")
     memory = PoolMemory(shared, cfg.max_transfer_rooms)
+    registry = CollectorRegistry()
+
+    def role(core: EngineCore) -> DecodeRole:  # the transfer manager registers the pool: it comes after it
+        manager = DecodeTransferManager(
+            transfer_cfg, KVLayout.packed(**core.pool.describe()), memory.aux_layout(), worker_id=worker,
+            segments=[memory.segment] if memory.segment else [], metrics=TransferMetrics("decode", registry=registry))
+        return DecodeRole(manager, cfg, worker)
     with exit_on_model_error("python -m decode_worker"):
-        core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None)
-    metrics = EngineMetrics(core, role="decode")
-    manager = DecodeTransferManager(transfer_cfg, KVLayout.packed(**core.pool.describe()), memory.aux_layout(), worker_id=worker,
-                                    segments=[memory.segment] if memory.segment else [],
-                                    metrics=TransferMetrics("decode", registry=metrics.registry))
-    core.role = DecodeRole(manager, cfg, worker)  # the manager needed the pool's address, so the role comes last
-    def prepare(req: Request, body: RoutingFields, prompt_index: int, choice: int) -> None:
-        decode_prepare(req, body, prompt_index, choice)
-        allow.check(req.pd.host, req.pd.port, req.rid)
-    ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="decode", prepare=prepare)
+        core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None, role=role)
+    metrics = EngineMetrics(core, role="decode", registry=registry)
+    ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="decode",
+                         prepare=preparer(allow))
     log.info("decode worker %s: http://%s:%d, transfer backend %s%s", worker, server_cfg.host, server_cfg.port,
              transfer_cfg.backend, " (pool in shared memory)" if shared else "")
 

@@ -1,11 +1,11 @@
 """DecodeRole: the engine hooks of a decode worker.
 
-A PD request queues until pages for its prompt can be reserved without over-committing (the scheduler's
-``kv_queue``); then the role opens its room: the decode side's pages after what its own radix cache already
-holds, an aux slot, and that held-prefix count go to the prefill worker. When the room succeeds the request
-joins the decode batch with the first token from the aux record (and, when it asked for them, the prompt's
-logprobs from the Success event: the prefill forward computed them). A failed or aborted room ends the request
-with an error and its pages are quarantined for ``kv_quarantine`` seconds before they are freed."""
+A PD request queues until pages for its prompt can be reserved without over-committing
+(``EngineCore.reserve_external``); then the role opens its room: the decode side's pages after what its own radix
+cache already holds, an aux slot, and that held-prefix count go to the prefill worker. When the room succeeds the
+request joins the decode batch with the first token from the aux record (and, when it asked for them, the
+prompt's logprobs from the Success event: the prefill forward computed them). A failed or aborted room ends the
+request with an error and its pages are quarantined for ``kv_quarantine`` seconds before they are freed."""
 from __future__ import annotations
 
 import logging
@@ -41,10 +41,10 @@ class DecodeRole(EngineRole):
         self.quarantine: list[tuple[float, Request]] = []
 
     def add(self, core: EngineCore, req: Request) -> None:
-        if req.pd is None:  # a local request (e.g. /health_generate): prefill it here
-            core.scheduler.add(req)
+        if req.kv_ticket is None:  # a local request (e.g. /health_generate): prefill it here
+            core.queue(req)
         else:
-            core.scheduler.add_for_transfer(req)
+            core.queue_external(req)
 
     def before_step(self, core: EngineCore) -> list[StepOutput]:
         outputs = self._open_rooms(core)
@@ -61,28 +61,29 @@ class DecodeRole(EngineRole):
         failed = []
         page = core.kv_shape.page_size
         limit = min(self.cfg.max_transfer_rooms, len(self.rooms) + len(self.free_slots))
-        for req in core.scheduler.reserve_for_transfer(self.cfg.decode_reserve_tokens, limit):
-            req.hold_kv = True
+        for req in core.reserve_external(self.cfg.decode_reserve_tokens, limit):
+            ticket = req.kv_ticket
+            assert ticket is not None and ticket.host is not None and ticket.port is not None
             slot = self.free_slots.pop()
             held = req.kv_len  # page-aligned prefix from this worker's own radix cache
             try:
-                receiver = self.manager.create_receiver(req.pd.room, req.pd.host, req.pd.port)
+                receiver = self.manager.create_receiver(ticket.id, ticket.host, ticket.port)
                 receiver.init(req.pages[held // page:], slot, held_prefix_tokens=held)
             except KVTransferError as e:
                 self.free_slots.append(slot)
-                core.scheduler.abort(req.rid, Abort(409, f"room {req.pd.room}: {e}"))
+                failed.append(core.end(req, Abort(409, f"room {ticket.id}: {e}")))
                 self._quarantine(req, delay=0.0)  # nothing was opened, nothing can be written
-                failed.append(StepOutput(req, finished=True))
                 continue
             self.rooms[req.rid] = Incoming(req, receiver, slot)
-            log.debug("room opened request_id=%s room=%d worker=%s held=%d pages=%d", req.rid, req.pd.room,
+            log.debug("room opened request_id=%s room=%d worker=%s held=%d pages=%d", req.rid, ticket.id,
                       self.worker, held, len(req.pages) - held // page)
         return failed
 
     def _activate(self, core: EngineCore, inc: Incoming) -> StepOutput:
         record = inc.receiver.aux_record
-        assert record is not None and record.room == inc.req.pd.room
+        assert record is not None and record.room == inc.receiver.room
         req = inc.req
+        prompt_lps = None
         if req.sampling.prompt_logprobs is not None:
             try:
                 prompt_lps = unpack_logprobs(inc.receiver.extra_payload)
@@ -91,20 +92,18 @@ class DecodeRole(EngineRole):
             if len(prompt_lps) != len(req.prompt_ids) - 1:
                 return self._fail(core, inc, f"the prefill worker sent {len(prompt_lps)} prompt logprobs for "
                                              f"{len(req.prompt_ids)} prompt tokens")
-            req.prompt_logprobs = prompt_lps
         self._close_room(inc)
-        req.hold_kv = False
-        req.cached_tokens = record.cached_tokens  # prompt tokens the prefill worker found in its cache
-        core.scheduler.activate(req, record.first_token_id)
-        return core.token_output(req, TokenLogprob.unpack(record.payload) if record.payload else None)
+        first_lp = TokenLogprob.unpack(record.payload) if record.payload else None
+        return core.activate(req, record.first_token_id, first_lp, cached_tokens=record.cached_tokens,
+                             prompt_logprobs=prompt_lps)
 
     def _fail(self, core: EngineCore, inc: Incoming, reason: str) -> StepOutput:
         self._close_room(inc)
-        core.scheduler.abort(inc.req.rid, Abort(502, f"KV transfer failed: {reason}"))
+        out = core.end(inc.req, Abort(502, f"KV transfer failed: {reason}"))
         self._quarantine(inc.req, self.cfg.kv_quarantine)
-        log.warning("room failed request_id=%s room=%d worker=%s reason=%s", inc.req.rid, inc.req.pd.room,
+        log.warning("room failed request_id=%s room=%d worker=%s reason=%s", inc.req.rid, inc.receiver.room,
                     self.worker, reason)
-        return StepOutput(inc.req, finished=True)
+        return out
 
     def on_abort(self, core: EngineCore, req: Request) -> None:
         inc = self.rooms.get(req.rid)
@@ -112,7 +111,7 @@ class DecodeRole(EngineRole):
             detail = getattr(req.finish_detail, "message", req.finish_detail)
             inc.receiver.abort(f"request {req.rid} aborted: {detail}")
             self._close_room(inc)
-        if req in core.scheduler.held:
+        if core.holds(req):
             self._quarantine(req, self.cfg.kv_quarantine if inc is not None else 0.0)
 
     def _close_room(self, inc: Incoming) -> None:
@@ -130,7 +129,7 @@ class DecodeRole(EngineRole):
         due = [r for t, r in self.quarantine if t <= now]
         self.quarantine = [(t, r) for t, r in self.quarantine if t > now]
         for req in due:
-            core.scheduler.release_held(req, keep=False)  # never cache pages a failed transfer wrote
+            core.release_held(req, keep=False)  # never cache pages a failed transfer wrote
 
     def close(self) -> None:
         self.manager.close()

@@ -74,13 +74,13 @@ def host_memory_bytes() -> int:
 
 
 class EngineCore:
-    """``kv_buffer`` maps the pool's byte size to memory to build it in (the decode worker's shared segment);
-    ``role`` adds a worker role's hooks around each step."""
+    """``kv_buffer`` maps the pool's byte size to memory to build it in (shared memory another process writes into);
+    ``role`` makes the worker role whose hooks run around each step, once the pool exists (a transfer manager
+    needs its address), as the constructor's last act."""
 
     def __init__(self, cfg: EngineConfig, kv_buffer: Callable[[int], memoryview] | None = None,
-                 role: EngineRole | None = None) -> None:
+                 role: Callable[[EngineCore], EngineRole] | None = None) -> None:
         self.cfg = cfg
-        self.role = role or EngineRole()
         mc = cfg.model
         self.source = resolve_model_path(mc.model_path)
         self.model_dir = self.source.folder  # config.json and tokenizer files (a GGUF's are converted once)
@@ -115,6 +115,7 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
+        self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
                  "context=%d", self.source.path, self.arch.architecture, self.dtype, kv_dtype, self.device,
                  num_pages - 1, page, self.context_length)
@@ -264,6 +265,56 @@ class EngineCore:
                 return
             self.step()
         raise RuntimeError(f"requests did not finish within {max_steps} steps")
+
+    # -- what a worker role may do with its requests (engine/role.py) ----------------------------------------------
+    def queue(self, req: Request) -> None:
+        """Compute the request here, prompt and output."""
+        self.scheduler.add(req)
+
+    def queue_held(self, req: Request) -> None:
+        """Compute its prompt and first token only, and keep its pages after it finishes, until release_held:
+        another process reads them."""
+        req.max_new_tokens, req.hold_kv = 1, True
+        self.scheduler.add(req)
+
+    def queue_external(self, req: Request) -> None:
+        """Its prompt's KV will be written from outside: it waits for pages (reserve_external), then activate."""
+        self.scheduler.add_for_transfer(req)
+
+    def reserve_external(self, reserve_tokens: int, limit: int) -> list[Request]:
+        """Pages for queued external requests, in arrival order, at most ``limit`` reserved at once, keeping
+        ``reserve_tokens`` of output headroom per request; the pages stay the request's until activate or
+        release_held. Each one's ``kv_len`` is the prefix this engine's cache already held."""
+        reqs = self.scheduler.reserve_for_transfer(reserve_tokens, limit)
+        for req in reqs:
+            req.hold_kv = True
+        return reqs
+
+    def activate(self, req: Request, first_token: int, lp: TokenLogprob | None = None, *,
+                 cached_tokens: int | None = None, prompt_logprobs: list | None = None) -> StepOutput:
+        """The external KV arrived with the first output token: the request joins the batch (``cached_tokens``:
+        what the writer found cached; ``prompt_logprobs``: what it computed)."""
+        req.hold_kv = False
+        req.cached_tokens = cached_tokens
+        if prompt_logprobs is not None:
+            req.prompt_logprobs = prompt_logprobs
+        self.scheduler.activate(req, first_token)
+        return self.token_output(req, lp)
+
+    def end(self, req: Request, reason: Abort) -> StepOutput:
+        """End the request with an error (its pages stay held if they are); the output that says so."""
+        self.scheduler.abort(req.rid, reason)
+        return StepOutput(req, finished=True)
+
+    def holds(self, req: Request) -> bool:
+        """The request finished but its pages are kept for an outside reader or writer."""
+        return req in self.scheduler.held
+
+    def release_held(self, req: Request, keep: bool = True) -> None:
+        """Nothing outside uses the pages any more: give them back (``keep``: whole computed pages go to the
+        prefix cache). A request not held is left alone."""
+        if req in self.scheduler.held:
+            self.scheduler.release_held(req, keep=keep)
 
     # -- cache control and introspection -------------------------------------------------------------------------
     def flush_cache(self) -> int:

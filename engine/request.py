@@ -18,6 +18,16 @@ class Abort:
     code: str = "request_aborted"  # "request_failed": this request caused it (routers neither retry nor blame)
 
 
+@dataclass(frozen=True)
+class KVTicket:
+    """Where a request's KV goes to or comes from outside this engine: an id both ends agree on and, for the
+    receiving end, the sending peer's address. The engine only carries it; the worker role that set it reads it."""
+
+    id: int
+    host: str | None = None
+    port: int | None = None
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -48,7 +58,7 @@ class Request:
     kv_len: int = 0  # tokens whose K/V are in the pool
     prefill_done: bool = False
     hold_kv: bool = False  # a transfer uses the pages: keep them after finishing until released
-    pd: Any = None  # disaggregation: the room this request's KV travels through (engine.server.bootstrap)
+    kv_ticket: KVTicket | None = None  # set by a worker role's prepare hook when the KV travels
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     retractions: int = 0
 

@@ -67,16 +67,17 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.prefill_manager import PrefillTransferManager
 from kv_transfer.receiver import KVReceiver
+from kv_transfer.room_ids import BootstrapFieldError, peer_address, room_id
 from kv_transfer.sender import KVSender
 from kv_transfer.shm import SharedSegment
 from kv_transfer.state import Failure, FailureKind, RoomState
 from kv_transfer.transport.fake import FAULTS as FAKE_FAULTS
 
 __all__ = [
-    "AuxBuffer", "AuxLayout", "AuxRecord", "BACKENDS", "ConfigError", "DecodeTransferManager",
+    "AuxBuffer", "AuxLayout", "AuxRecord", "BACKENDS", "BootstrapFieldError", "ConfigError", "DecodeTransferManager",
     "DuplicateRoomError", "FAKE_FAULTS", "Failure", "FailureKind", "InvalidRoomError", "KVLayout",
     "KVReceiver", "KVSender", "KVTransferError", "LayoutMismatchError", "PageIndexError",
     "PeerUnreachableError", "PrefillTransferManager", "RoomState", "SharedSegment", "TransferConfig",
     "TransferIOError", "TransferMetrics", "TransportMismatchError", "UnknownPeerError", "UnknownRoomError",
-    "add_transfer_flags", "transfer_config_from_args",
+    "add_transfer_flags", "peer_address", "room_id", "transfer_config_from_args",
 ]

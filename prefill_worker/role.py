@@ -39,16 +39,17 @@ class PrefillRole(EngineRole):
         self.rooms: dict[str, Outgoing] = {}
 
     def add(self, core: EngineCore, req: Request) -> None:
-        if req.pd is not None:
-            try:
-                sender = self.manager.create_sender(req.pd.room)
-            except KVTransferError as e:
-                raise InvalidRequestError(f"room {req.pd.room}: {e}", param="bootstrap_room") from e
-            req.max_new_tokens = 1  # the decode worker samples the rest
-            req.hold_kv = True
-            self.rooms[req.rid] = Outgoing(req, sender)
-            log.debug("room opened request_id=%s room=%d worker=%s", req.rid, req.pd.room, self.worker)
-        core.scheduler.add(req)
+        if req.kv_ticket is None:  # a local request (e.g. /health_generate): computed here in full
+            core.queue(req)
+            return
+        room = req.kv_ticket.id
+        try:
+            sender = self.manager.create_sender(room)
+        except KVTransferError as e:
+            raise InvalidRequestError(f"room {room}: {e}", param="bootstrap_room") from e
+        self.rooms[req.rid] = Outgoing(req, sender)
+        log.debug("room opened request_id=%s room=%d worker=%s", req.rid, room, self.worker)
+        core.queue_held(req)  # prompt and first token here; the decode worker samples the rest
 
     def after_step(self, core: EngineCore, batch: ScheduledBatch | None) -> list[StepOutput]:
         outputs: list[StepOutput] = []
@@ -96,15 +97,12 @@ class PrefillRole(EngineRole):
         """The room is over: end the HTTP stream and give the pages back."""
         req = out.req
         del self.rooms[req.rid]
-        if failure is not None and not req.finished:
-            core.scheduler.abort(req.rid, Abort(502, f"KV transfer failed: {failure}"))
-        elif failure is not None:
-            req.finish_reason, req.finish_detail = "abort", Abort(502, f"KV transfer failed: {failure}")
-        if req in core.scheduler.held:
-            core.scheduler.release_held(req)
+        if failure is not None:
+            core.end(req, Abort(502, f"KV transfer failed: {failure}"))
+        core.release_held(req)
         out.sender.release()
         if failure is not None:
-            log.warning("room failed request_id=%s room=%d worker=%s reason=%s", req.rid, req.pd.room,
+            log.warning("room failed request_id=%s room=%d worker=%s reason=%s", req.rid, out.sender.room,
                         self.worker, failure)
         return StepOutput(req, finished=True)
 
@@ -113,8 +111,7 @@ class PrefillRole(EngineRole):
         if out is None:
             return
         out.sender.abort(f"request {req.rid} aborted: {getattr(req.finish_detail, 'message', req.finish_detail)}")
-        if req in core.scheduler.held:
-            core.scheduler.release_held(req)
+        core.release_held(req)
         out.sender.release()
 
     def close(self) -> None:

@@ -1,15 +1,15 @@
 """The scheduler: ``schedule()`` picks what the next step computes, ``update()`` applies its sampled tokens.
 
 Every running request computes its tokens (prompt, then output) from ``kv_len`` on: a decode is the case of one
-remaining token; a prefill is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token budget. Decodes go first, so
-a long prompt never stalls running streams. Admission allocates a request's pages up front; decode pages are
-added at page boundaries, and when memory runs out the newest request is retracted (its pages released, the
-request requeued with its output so far) so older ones can finish.
+remaining token; a prefill is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token
+budget. Decodes go first, so a long prompt never stalls running streams. Admission allocates a request's pages
+up front; decode pages are added at page boundaries, and when memory runs out the newest request is retracted
+(its pages released, the request requeued with its output so far) so older ones can finish.
 
-Disaggregation adds two holding areas. A decode worker's requests get their prompt KV from a prefill worker:
-they queue in ``kv_queue`` until pages can be reserved (``reserve_for_transfer``; never over-committed), wait
-in ``prealloc`` while the pages fill, and join ``running`` on ``activate``. A prefill worker's finished
-requests stay in ``held`` (pages locked) until their last pages have been read by the transfer."""
+Three more areas serve KV that travels to or from another process. A request whose prompt KV is written from
+outside queues in ``kv_queue`` until pages can be reserved (``reserve_for_transfer``; never over-committed),
+waits in ``prealloc`` while the pages fill, and joins ``running`` on ``activate``. A finished request whose
+pages are still read (or written) from outside (``hold_kv``) stays in ``held`` until ``release_held``."""
 from __future__ import annotations
 
 from collections import deque
@@ -30,9 +30,9 @@ class Scheduler:
         self.kv = KVManager(allocator, cache, page_size)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order (oldest first)
-        self.kv_queue: deque[Request] = deque()  # decode role: waiting for pages to receive KV into
-        self.prealloc: list[Request] = []  # decode role: pages reserved, KV arriving
-        self.held: list[Request] = []  # prefill role: finished, pages still being read by a transfer
+        self.kv_queue: deque[Request] = deque()  # waiting for pages that KV from outside will be written into
+        self.prealloc: list[Request] = []  # pages reserved, KV arriving from outside
+        self.held: list[Request] = []  # finished, pages still used from outside (hold_kv)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_retractions = 0
 
@@ -43,9 +43,9 @@ class Scheduler:
 
     def abort(self, rid: str, reason: Abort) -> Request | None:
         """Remove the request wherever it is and release its pages (unless a transfer may still touch them:
-        then it moves to ``held``); returns it (finished) or None. A request already computed whose pages a
-        transfer still holds (a prefill worker's, its room open) is marked aborted and stays held: the role ends
-        the transfer, then releases it. One held because it was aborted before is not aborted again."""
+        then it moves to ``held``); returns it (finished) or None. A request already finished whose pages are still
+        used from outside is marked aborted and stays held: its role ends the outside use, then releases it. One
+        held because it was aborted before is not aborted again."""
         for area in (self.waiting, self.kv_queue, self.running, self.prealloc):
             for req in area:
                 if req.rid == rid:
@@ -74,7 +74,7 @@ class Scheduler:
         """Something waiting on a transfer."""
         return bool(self.kv_queue or self.prealloc or self.held)
 
-    # -- disaggregation ------------------------------------------------------------------------------------------
+    # -- KV written or read from outside ---------------------------------------------------------------------------
     def add_for_transfer(self, req: Request) -> None:
         req.status = Status.WAITING
         self.kv_queue.append(req)

@@ -23,9 +23,8 @@ class FirstTokenRole(EngineRole):
 
 
 def test_role_outputs_are_emitted_before_the_forward_pass(tiny_model_dir: Path) -> None:
-    core = make_core(tiny_model_dir)
     role = FirstTokenRole()
-    core.role = role
+    core = make_core(tiny_model_dir, role=role)
     events: list[str] = []
     forward = core.runner.forward
 
