@@ -14,7 +14,7 @@ from typing import Any, Callable
 from kv_transfer.aux import AuxLayout, AuxStaging
 from kv_transfer.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.page_views import PageViews
+from kv_transfer.page_writers import PageWriter
 from kv_transfer.staging import StagingSlots
 from kv_transfer.state import RoomState
 from kv_transfer.transport import PeerWriter
@@ -50,17 +50,17 @@ class WriteQueue:
 
 class DecodePeer:
     def __init__(self, peer_id: str, worker: str, layout: KVLayout, aux: AuxLayout, writer: PeerWriter,
-                 aux_staging: AuxStaging, metrics: TransferMetrics, staging: StagingSlots | None = None,
-                 mapped: tuple[PageViews, PageViews] | None = None) -> None:
+                 aux_staging: AuxStaging, metrics: TransferMetrics, pages: PageWriter,
+                 staging: StagingSlots | None = None) -> None:
         self.peer_id = peer_id
         self.worker = worker
         self.layout = layout
         self.aux = aux
-        self.writer = writer
+        self.writer = writer  # the transport (aux records go through it; pages through `pages`)
         self.aux_staging = aux_staging
         self.metrics = metrics
+        self.pages = pages  # how a chunk's pages get there: shm, direct or staged (kv_transfer/page_writers.py)
         self.staging = staging  # the peer's staging slots, when scattered pages are staged
-        self.mapped = mapped  # (our pool, the peer's pool mapped here) when pages can be copied directly (shm)
         self.events: "queue.Queue[Any]" = queue.Queue()
         self.last_seen = time.monotonic()
         self.alive = True

@@ -21,10 +21,12 @@ from kv_transfer.metrics import TransferMetrics
 from kv_transfer.peers import DecodePeer
 from kv_transfer.rooms import RoomTable
 from kv_transfer.page_views import PageViews, matched_views
+from kv_transfer.page_writers import DirectPageWriter, PageWriter, ShmPageWriter, StagedPageWriter
 from kv_transfer.sender import KVSender
 from kv_transfer.staging import StagingSlots
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
+from kv_transfer.transport import PeerWriter
 from kv_transfer.transport.mooncake import MooncakeWriter
 from kv_transfer.transport.select import SendSide
 from kv_transfer.transport.shm import ShmWriter
@@ -93,10 +95,10 @@ class PrefillTransferManager:
         self.layout.check_compatible(remote, peer=req.worker)
         writer = self._send_side.writer_for(offer_from_msg(req.offer), req.worker)
         try:
-            mapped = matched_views(self._views(), writer.map_pool(remote)) if isinstance(writer, ShmWriter) else None
             staging = self._staging_for(req, writer) if isinstance(writer, MooncakeWriter) else None
+            pages = self._page_writer(writer, remote, staging, req.worker)
             peer = DecodePeer(req.peer_id, req.worker, remote, aux_from_msg(req.aux), writer,
-                              self._aux_staging, self.metrics, staging, mapped)
+                              self._aux_staging, self.metrics, pages, staging)
         except BaseException:
             writer.close()  # its mappings, registrations and (per-peer) Mooncake engine
             raise
@@ -155,6 +157,15 @@ class PrefillTransferManager:
         self._drop_peer(peer, why)
 
     # --- internals --------------------------------------------------------------------------------
+    def _page_writer(self, writer: PeerWriter, remote: KVLayout, staging: StagingSlots | None,
+                     worker: str) -> PageWriter:
+        """Chosen once per peer: copies into its mapped pool (shm), else transport writes, staged when it pays."""
+        if isinstance(writer, ShmWriter):
+            return ShmPageWriter(matched_views(self._views(), writer.map_pool(remote)), self.metrics)
+        staged = None if staging is None else StagedPageWriter(staging, self.metrics, worker,
+                                                                self.config.transfer_timeout)
+        return DirectPageWriter(self.layout, remote, writer, self.metrics, self.config.max_batch_entries, staged)
+
     def _staging_for(self, req: Any, writer: MooncakeWriter) -> StagingSlots | None:
         """Stage scattered pages to a Mooncake peer when it offers slots and both sides allow it (shm and fake
         copy directly, where a bounce only costs)."""

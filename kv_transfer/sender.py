@@ -4,45 +4,30 @@ The prefill worker gets it from PrefillTransferManager.create_sender(room) when 
 arrives; the decode side's room info may have arrived before or arrives after. poll() says
 WaitingForInput once it is here; then `dst_pages` and `held_prefix_tokens` tell what to send.
 send() validates on the caller's thread and queues the chunk to the peer's writer thread, so it
-never blocks on the network. Chunks map in order onto dst_pages; the last one also writes the aux
+never blocks on the network. Chunks map in order onto dst_pages and are written by the peer's PageWriter
+(kv_transfer/page_writers.py: shm, direct or staged, chosen once per peer); the last one also writes the aux
 record, and Success is reported to the decode side only after that write completed. A payload too large for an
 aux record (a prompt's logprobs) rides on the Success event itself (`extra_payload`, up to MAX_EXTRA_PAYLOAD).
 """
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from kv_transfer.aux import MAX_EXTRA_PAYLOAD, RECORD_SIZE, AuxRecord
 from kv_transfer.config import TransferConfig
 from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
-from kv_transfer.layout import KVLayout, split_batches, write_entries, write_runs
-from kv_transfer.page_views import copy_pages
+from kv_transfer.layout import KVLayout
+from kv_transfer.page_writers import Chunk
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
 
 if TYPE_CHECKING:
     from kv_transfer.peers import DecodePeer
-    from kv_transfer.staging import StagingSlots
 
 log = logging.getLogger("kv_transfer")
-
-# shm copies this many pages between room-state checks, as direct writes check it between batches
-_SHM_GROUP_PAGES = 64
-
-
-@dataclass(frozen=True)
-class Chunk:
-    src_pages: tuple[int, ...]
-    dst_pages: tuple[int, ...]
-    first: int  # index of dst_pages[0] in the room's dst_pages
-    last: bool
-    aux: AuxRecord | None
-
 
 class KVSender(RoomHandle):
     def __init__(self, room: int, config: TransferConfig, layout: KVLayout,
@@ -135,6 +120,20 @@ class KVSender(RoomHandle):
         if ready:
             self._tracker.advance(RoomState.WAITING_FOR_INPUT)
 
+    # --- what the peer's page writer sees of this room (kv_transfer/page_writers.py: RoomProgress) -----------
+    def ended(self) -> bool:
+        return self._tracker.state.terminal
+
+    def progressed(self, count: int, *, announce: bool, staged: tuple[int, int, int] | None = None) -> None:
+        self.pages_done += count
+        self._tracker.progress()
+        if announce:
+            assert self.peer is not None
+            self.peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done, staged=staged)
+
+    def fail_write(self, kind: FailureKind, message: str) -> None:
+        self._tracker.fail(kind, message)
+
     def _write_chunk(self, peer: "DecodePeer", chunk: Chunk) -> None:
         """Runs on the peer's writer thread."""
         try:
@@ -147,34 +146,8 @@ class KVSender(RoomHandle):
             self._tracker.fail(FailureKind.TRANSFER_IO, f"unexpected {type(exc).__name__}: {exc}", exc)
 
     def _do_write(self, peer: "DecodePeer", chunk: Chunk) -> None:
-        staged = False
-        if peer.mapped is not None:  # shm: the peer's pool is mapped here, copy page runs straight into it
-            for i in range(0, len(chunk.src_pages), _SHM_GROUP_PAGES):
-                if self._tracker.state.terminal:
-                    return  # aborted or timed out: the decode side may reuse its pages, stop copying
-                end = i + _SHM_GROUP_PAGES
-                peer.metrics.add_bytes(copy_pages(*peer.mapped, chunk.src_pages[i:end], chunk.dst_pages[i:end]))
-        else:
-            runs = write_runs(self._layout, peer.layout, chunk.src_pages, chunk.dst_pages)
-            staging = peer.staging
-            if staging is not None and staging.worth_it(len(chunk.src_pages) * self._layout.page_bytes / len(runs)):
-                staged = True
-                self._write_staged(peer, staging, chunk)  # counts and announces each slot itself
-            else:
-                entries = write_entries(self._layout, peer.layout, runs)
-                for batch in split_batches(entries, self._config.max_batch_entries):
-                    if self._tracker.state.terminal:
-                        return  # aborted or timed out: stop writing
-                    peer.writer.write(batch)
-                    peer.metrics.add_bytes(sum(e[2] for e in batch))
-        if self._tracker.state.terminal:
-            return
-        if not staged:
-            self.pages_done += len(chunk.src_pages)
-            self._tracker.progress()
-            if not chunk.last:
-                peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done)
-        if chunk.last:
+        peer.pages.write(self, chunk)
+        if chunk.last and not self._tracker.state.terminal:
             self._write_aux(peer, chunk)
 
     def _write_aux(self, peer: "DecodePeer", chunk: Chunk) -> None:
@@ -190,77 +163,3 @@ class KVSender(RoomHandle):
         if self._tracker.advance(RoomState.SUCCESS) and self.started is not None:
             peer.metrics.observe_transfer(time.monotonic() - self.started)
 
-    def _write_staged(self, peer: "DecodePeer", staging: "StagingSlots", chunk: Chunk) -> None:
-        """Write the chunk a slot at a time: gather locally, one entry into a free slot of the peer, announce it
-        once written (the decode side copies it into place and frees the slot; see kv_transfer.staging). The
-        next slot is gathered while the previous one is on the wire. Stops at the first slot after the room
-        ended; a slot whose write failed is retired, since a late write could still land in it."""
-        per_slot = staging.pages_per_slot
-        pending: _Pending | None = None
-        try:
-            for k, i in enumerate(range(0, len(chunk.src_pages), per_slot)):
-                if self._tracker.state.terminal:
-                    return
-                slot = staging.acquire(0.0, lambda: False) if pending is not None else None
-                if slot is None:
-                    if pending is not None:  # the peer may be waiting to hear of it before it frees anything
-                        done, pending = pending, None
-                        self._finish_staged(peer, staging, done)
-                    slot = staging.acquire(self._config.transfer_timeout, lambda: self._tracker.state.terminal)
-                if slot is None:
-                    if staging.closed:
-                        self._tracker.fail(FailureKind.PEER_DEAD, f"decode peer {peer.worker} went away mid-transfer")
-                    else:  # (a no-op when the room already ended)
-                        self._tracker.fail(FailureKind.TIMEOUT, f"decode peer {peer.worker} freed no staging slot "
-                                                                f"in {self._config.transfer_timeout:g}s")
-                    return
-                src = chunk.src_pages[i:i + per_slot]
-                try:
-                    address, nbytes = staging.gather(src, buffer=k % 2)
-                except BaseException:
-                    staging.give_back(slot, written=False)
-                    raise
-                try:
-                    wait = staging.start_write(slot, address, nbytes)
-                except BaseException:
-                    staging.give_back(slot, written=True)
-                    raise
-                started = _Pending(wait, slot, chunk.first + i, len(src), nbytes)
-                if pending is not None:
-                    done, pending = pending, started
-                    self._finish_staged(peer, staging, done)  # on failure, `finally` still finishes `started`
-                else:
-                    pending = started
-        finally:
-            if pending is not None:
-                self._finish_staged(peer, staging, pending, quiet=sys.exc_info()[0] is not None)
-
-    def _finish_staged(self, peer: "DecodePeer", staging: "StagingSlots", w: "_Pending", *,
-                       quiet: bool = False) -> None:
-        """Wait for a staged write, then announce it (also when the room ended meanwhile: the decode side must
-        hear of the slot to free it). `quiet`: another error is already on its way, so a failure here only
-        retires the slot."""
-        try:
-            w.wait()
-        except BaseException:
-            staging.give_back(w.slot, written=True)
-            if quiet:
-                return
-            raise
-        peer.metrics.add_bytes(w.nbytes)
-        peer.metrics.add_staged_bytes(w.nbytes)
-        self.pages_done += w.count
-        self._tracker.progress()
-        staging.announce(w.slot)
-        peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done,
-                     staged=(w.slot, w.first, w.count))
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """A staged write on the wire: wait() for it, then announce slot `slot` = dst_pages[first:first + count]."""
-    wait: Callable[[], None]
-    slot: int
-    first: int
-    count: int
-    nbytes: int

@@ -16,6 +16,7 @@ from kv_transfer.errors import PageIndexError, TransferIOError
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.page_views import PageViews
 from kv_transfer.peers import DecodePeer
+from kv_transfer.page_writers import DirectPageWriter, StagedPageWriter
 from kv_transfer.sender import KVSender
 from kv_transfer.staging import StagingArea, StagingSlots
 from kv_transfer.state import FailureKind
@@ -117,8 +118,10 @@ def test_a_failed_staged_write_fails_the_room_and_loses_no_slot() -> None:
                            _second_write_fails())
     aux = AuxBuffer(4)
     session = fake.register_session([(int(mem.ctypes.data), mem.nbytes), (aux.layout.base, aux.layout.total_bytes)])
-    peer = DecodePeer("peer", "decode-0", layout, aux.layout, fake.FakeWriter(session), AuxStaging(4),
-                      TransferMetrics("prefill"), staging)
+    transport, metrics = fake.FakeWriter(session), TransferMetrics("prefill")
+    pages = DirectPageWriter(layout, layout, transport, metrics, 1024,
+                             StagedPageWriter(staging, metrics, "decode-0", slot_timeout=15.0))
+    peer = DecodePeer("peer", "decode-0", layout, aux.layout, transport, AuxStaging(4), metrics, pages, staging)
     sender = KVSender(7, TransferConfig(backend="mooncake"), layout, lambda *a: None, lambda *a: None)
     sender.attach(peer, tuple(range(8, 14)), 0, 0)
     sender.claim()
