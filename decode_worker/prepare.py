@@ -1,5 +1,5 @@
 """A decode worker's request preparation: each engine request of a PD body gets its room and the prefill worker's
-bootstrap address (kv_transfer/room_ids.py), which must be one this worker may dial (decode_worker/allow.py)."""
+bootstrap address (kv_transfer/wire/room_ids.py), which must be one this worker may dial (decode_worker/allow.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable

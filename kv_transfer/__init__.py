@@ -56,19 +56,19 @@ Metrics
 """
 from __future__ import annotations
 
-from kv_transfer.aux import AuxBuffer, AuxLayout, AuxRecord
+from kv_transfer.wire.aux import AuxBuffer, AuxLayout, AuxRecord
 from kv_transfer.config import BACKENDS, TransferConfig, add_transfer_flags, transfer_config_from_args
-from kv_transfer.decode_manager import DecodeTransferManager
-from kv_transfer.errors import (
+from kv_transfer.decode.manager import DecodeTransferManager
+from kv_transfer.wire.errors import (
     ConfigError, DuplicateRoomError, InvalidRoomError, KVTransferError, LayoutMismatchError, PageIndexError,
     PeerUnreachableError, TransferIOError, TransportMismatchError, UnknownPeerError, UnknownRoomError,
 )
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.prefill_manager import PrefillTransferManager
-from kv_transfer.receiver import KVReceiver
-from kv_transfer.room_ids import BootstrapFieldError, peer_address, room_id
-from kv_transfer.sender import KVSender
+from kv_transfer.prefill.manager import PrefillTransferManager
+from kv_transfer.decode.receiver import KVReceiver
+from kv_transfer.wire.room_ids import BootstrapFieldError, peer_address, room_id
+from kv_transfer.prefill.sender import KVSender
 from kv_transfer.shm import SharedSegment
 from kv_transfer.state import Failure, FailureKind, RoomState
 from kv_transfer.transport.fake import FAULTS as FAKE_FAULTS

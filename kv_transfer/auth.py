@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from kv_transfer.errors import ConfigError
+from kv_transfer.wire.errors import ConfigError
 
 TOKEN_HEADER = "x-splitserve-cluster-token"
 TOKEN_ENV = "SPLITSERVE_CLUSTER_TOKEN"

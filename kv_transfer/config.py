@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from configflags import add_dataclass_args, dataclass_from_args, flag_of
-from kv_transfer.errors import ConfigError
+from kv_transfer.wire.errors import ConfigError
 
 BACKENDS = ("auto", "mooncake", "shm", "fake")
 # The largest staging offer either side makes or accepts (a prefill worker allocates two slot-sized buffers).

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kv_transfer.layout import KVLayout, page_runs
+from kv_transfer.wire.layout import KVLayout, page_runs
 
 
 class PageViews:

@@ -18,7 +18,7 @@ import re
 import secrets
 from pathlib import Path
 
-from kv_transfer.errors import ConfigError
+from kv_transfer.wire.errors import ConfigError
 
 log = logging.getLogger("kv_transfer")
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kv_transfer.errors import ConfigError, PageIndexError
+from kv_transfer.wire.errors import ConfigError, PageIndexError
 from kv_transfer.page_views import PageViews
 from kv_transfer.transport import Entry
 

@@ -1,5 +1,6 @@
-"""A prefill worker's request preparation: each engine request of a PD body gets its room (kv_transfer/room_ids.py);
-the body's bootstrap host and port name this worker itself, so they are not needed."""
+"""A prefill worker's request preparation: each engine request of a PD body gets its room
+(kv_transfer/wire/room_ids.py); the body's bootstrap host and port name this worker itself, so they are not
+needed."""
 from __future__ import annotations
 
 from engine.request import KVTicket, Request

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kv_transfer.errors import TransferIOError, TransportMismatchError
+from kv_transfer.wire.errors import TransferIOError, TransportMismatchError
 from kv_transfer.transport import Entry
 
 _lock = threading.Lock()

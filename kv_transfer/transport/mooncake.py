@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import ConfigError, TransferIOError
+from kv_transfer.wire.errors import ConfigError, TransferIOError
 from kv_transfer.transport import Entry
 
 log = logging.getLogger("kv_transfer")

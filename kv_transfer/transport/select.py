@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import ConfigError, TransportMismatchError
+from kv_transfer.wire.errors import ConfigError, TransportMismatchError
 from kv_transfer.shm import SharedSegment
 from kv_transfer.transport import PeerWriter, fake
 from kv_transfer.transport.mooncake import MooncakeEngine, MooncakeWriter, mooncake_available

@@ -5,8 +5,8 @@ import bisect
 import ctypes
 import dataclasses
 
-from kv_transfer.errors import TransferIOError
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.errors import TransferIOError
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.page_views import PageViews
 from kv_transfer.shm import SharedSegment
 from kv_transfer.transport import Entry

@@ -11,8 +11,8 @@ import torch
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
-from kv_transfer.errors import LayoutMismatchError
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.errors import LayoutMismatchError
+from kv_transfer.wire.layout import KVLayout
 
 PROMPTS = [[5 + i, 17, 99, 3 * i + 40, 250, 7, 11 * i + 3, 64, 8, 300 + i, 21, 42, 13] for i in range(4)]
 

@@ -8,7 +8,7 @@ import pytest
 from kv_inproc import InProcPair
 
 from kv_transfer import PageIndexError, RoomState
-from kv_transfer.aux import MAX_EXTRA_PAYLOAD
+from kv_transfer.wire.aux import MAX_EXTRA_PAYLOAD
 from tests.helpers import wait_until
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kv_transfer import ConfigError, KVLayout, LayoutMismatchError
-from kv_transfer.layout import page_runs, split_batches, write_entries, write_runs
+from kv_transfer.wire.layout import page_runs, split_batches, write_entries, write_runs
 
 SHAPE = dict(num_layers=2, num_pages=100, page_size=4, num_kv_heads=2, head_dim=8, dtype="float16")
 

@@ -6,8 +6,8 @@ from kv_harness import PeerError
 from kv_inproc import SHAPE, InProcPair
 
 from kv_transfer import AuxBuffer, PageIndexError, RoomState
-from kv_transfer.protogen import stubs
-from kv_transfer.wire import aux_to_msg, layout_to_msg, offer_to_msg, raise_if_error
+from kv_transfer.wire.protogen import stubs
+from kv_transfer.wire.messages import aux_to_msg, layout_to_msg, offer_to_msg, raise_if_error
 from tests.helpers import wait_until
 
 PAGES = 64

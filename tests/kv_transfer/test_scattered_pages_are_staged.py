@@ -11,13 +11,13 @@ import pytest
 from kv_harness import open_room
 
 from kv_transfer import KVLayout, TransferConfig
-from kv_transfer.aux import AuxBuffer, AuxStaging
-from kv_transfer.errors import PageIndexError, TransferIOError
+from kv_transfer.wire.aux import AuxBuffer, AuxStaging
+from kv_transfer.wire.errors import PageIndexError, TransferIOError
 from kv_transfer.metrics import TransferMetrics
 from kv_transfer.page_views import PageViews
-from kv_transfer.peers import DecodePeer
-from kv_transfer.page_writers import DirectPageWriter, StagedPageWriter
-from kv_transfer.sender import KVSender
+from kv_transfer.prefill.peers import DecodePeer
+from kv_transfer.prefill.page_writers import DirectPageWriter, StagedPageWriter
+from kv_transfer.prefill.sender import KVSender
 from kv_transfer.staging import StagingArea, StagingSlots
 from kv_transfer.state import FailureKind
 from kv_transfer.transport import fake

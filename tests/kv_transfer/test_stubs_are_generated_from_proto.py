@@ -13,7 +13,7 @@ def _import_in_fresh_process(cache: Path, proto_dir: Path | None = None) -> str:
     env = {**os.environ, "SPLITSERVE_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
     if proto_dir is not None:
         env["SPLITSERVE_PROTO_DIR"] = str(proto_dir)
-    code = ("from kv_transfer.protogen import stubs; pb2, grpc_mod = stubs(); "
+    code = ("from kv_transfer.wire.protogen import stubs; pb2, grpc_mod = stubs(); "
             "print(pb2.__file__); assert hasattr(grpc_mod, 'KVBootstrapStub')")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd="/")

@@ -7,7 +7,7 @@ import ctypes
 from kv_inproc import InProcPair
 
 from kv_transfer import AuxRecord, RoomState
-from kv_transfer.wire import pb
+from kv_transfer.wire.messages import pb
 from tests.helpers import wait_until
 
 

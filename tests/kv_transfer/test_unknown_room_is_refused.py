@@ -6,8 +6,8 @@ import pytest
 
 from kv_inproc import InProcPair
 from kv_transfer import UnknownPeerError, UnknownRoomError
-from kv_transfer.protogen import stubs
-from kv_transfer.wire import raise_if_error
+from kv_transfer.wire.protogen import stubs
+from kv_transfer.wire.messages import raise_if_error
 
 
 def test_unknown_room_is_refused() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from kv_transfer.errors import ConfigError, LayoutMismatchError, PageIndexError
+from kv_transfer.wire.errors import ConfigError, LayoutMismatchError, PageIndexError
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1,

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import grpc
 
 from kv_transfer.auth import TokenSender
-from kv_transfer.aux import MAX_EXTRA_PAYLOAD
+from kv_transfer.wire.aux import MAX_EXTRA_PAYLOAD
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import KVTransferError, PeerUnreachableError, UnknownPeerError, UnknownRoomError
-from kv_transfer.protogen import stubs
+from kv_transfer.wire.errors import KVTransferError, PeerUnreachableError, UnknownPeerError, UnknownRoomError
+from kv_transfer.wire.protogen import stubs
 from kv_transfer.state import FailureKind
-from kv_transfer.wire import raise_if_error
+from kv_transfer.wire.messages import raise_if_error
 
 if TYPE_CHECKING:
-    from kv_transfer.receiver import KVReceiver
+    from kv_transfer.decode.receiver import KVReceiver
     from kv_transfer.staging import StagingArea
 
 log = logging.getLogger("kv_transfer")

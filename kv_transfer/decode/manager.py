@@ -10,20 +10,20 @@ import threading
 import time
 from typing import Any, Sequence
 
-from kv_transfer.aux import AuxLayout
+from kv_transfer.wire.aux import AuxLayout
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import ConfigError, DuplicateRoomError, PeerUnreachableError, UnknownRoomError
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.errors import ConfigError, DuplicateRoomError, PeerUnreachableError, UnknownRoomError
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.peer_link import PeerLink
-from kv_transfer.receiver import KVReceiver
+from kv_transfer.decode.peer_link import PeerLink
+from kv_transfer.decode.receiver import KVReceiver
 from kv_transfer.rooms import RoomTable
 from kv_transfer.shm import SharedSegment
 from kv_transfer.staging import PageViews, StagingArea
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
 from kv_transfer.transport.select import ReceiveSide
-from kv_transfer.wire import aux_to_msg, check_room_id, layout_to_msg, offer_to_msg, pb
+from kv_transfer.wire.messages import aux_to_msg, check_room_id, layout_to_msg, offer_to_msg, pb
 
 log = logging.getLogger("kv_transfer")
 

@@ -12,16 +12,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from kv_transfer.aux import AuxLayout, AuxRecord
+from kv_transfer.wire.aux import AuxLayout, AuxRecord
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import InvalidRoomError, PageIndexError
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.errors import InvalidRoomError, PageIndexError
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
-from kv_transfer.wire import state_from_msg
+from kv_transfer.wire.messages import state_from_msg
 
 if TYPE_CHECKING:
-    from kv_transfer.peer_link import PeerLink
+    from kv_transfer.decode.peer_link import PeerLink
     from kv_transfer.staging import StagingArea
 
 log = logging.getLogger("kv_transfer")

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_transfer.aux import AuxLayout
-from kv_transfer.errors import InvalidRoomError, KVTransferError, LayoutMismatchError, error_from_wire
-from kv_transfer.layout import KVLayout
-from kv_transfer.protogen import stubs
+from kv_transfer.wire.aux import AuxLayout
+from kv_transfer.wire.errors import InvalidRoomError, KVTransferError, LayoutMismatchError, error_from_wire
+from kv_transfer.wire.layout import KVLayout
+from kv_transfer.wire.protogen import stubs
 from kv_transfer.state import RoomState
 from kv_transfer.transport.select import Offer
 

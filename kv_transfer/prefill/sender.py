@@ -5,7 +5,7 @@ arrives; the decode side's room info may have arrived before or arrives after. p
 WaitingForInput once it is here; then `dst_pages` and `held_prefix_tokens` tell what to send.
 send() validates on the caller's thread and queues the chunk to the peer's writer thread, so it
 never blocks on the network. Chunks map in order onto dst_pages and are written by the peer's PageWriter
-(kv_transfer/page_writers.py: shm, direct or staged, chosen once per peer); the last one also writes the aux
+(kv_transfer/prefill/page_writers.py: shm, direct or staged, chosen once per peer); the last one also writes the aux
 record, and Success is reported to the decode side only after that write completed. A payload too large for an
 aux record (a prompt's logprobs) rides on the Success event itself (`extra_payload`, up to MAX_EXTRA_PAYLOAD).
 """
@@ -16,16 +16,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from kv_transfer.aux import MAX_EXTRA_PAYLOAD, RECORD_SIZE, AuxRecord
+from kv_transfer.wire.aux import MAX_EXTRA_PAYLOAD, RECORD_SIZE, AuxRecord
 from kv_transfer.config import TransferConfig
-from kv_transfer.errors import InvalidRoomError, KVTransferError, PageIndexError
-from kv_transfer.layout import KVLayout
-from kv_transfer.page_writers import Chunk
+from kv_transfer.wire.errors import InvalidRoomError, KVTransferError, PageIndexError
+from kv_transfer.wire.layout import KVLayout
+from kv_transfer.prefill.page_writers import Chunk
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
 
 if TYPE_CHECKING:
-    from kv_transfer.peers import DecodePeer
+    from kv_transfer.prefill.peers import DecodePeer
 
 log = logging.getLogger("kv_transfer")
 
@@ -120,7 +120,7 @@ class KVSender(RoomHandle):
         if ready:
             self._tracker.advance(RoomState.WAITING_FOR_INPUT)
 
-    # --- what the peer's page writer sees of this room (kv_transfer/page_writers.py: RoomProgress) -----------
+    # --- what the peer's page writer sees of this room (kv_transfer/prefill/page_writers.py: RoomProgress) -----------
     def ended(self) -> bool:
         return self._tracker.state.terminal
 
@@ -128,8 +128,7 @@ class KVSender(RoomHandle):
         self.pages_done += count
         self._tracker.progress()
         if announce:
-            assert self.peer is not None
-            self.peer.publish(self.room, RoomState.TRANSFERRING, pages_done=self.pages_done, staged=staged)
+            publish(self, RoomState.TRANSFERRING, staged)
 
     def fail_write(self, kind: FailureKind, message: str) -> None:
         self._tracker.fail(kind, message)
@@ -163,3 +162,16 @@ class KVSender(RoomHandle):
         if self._tracker.advance(RoomState.SUCCESS) and self.started is not None:
             peer.metrics.observe_transfer(time.monotonic() - self.started)
 
+
+def publish(sender: KVSender, state: RoomState, staged: tuple[int, int, int] | None = None) -> None:
+    """The one place the prefill side tells a decode peer about a room: each state change (the manager's
+    on_change), and each chunk or staged slot written while Transferring (``staged``: which slot holds which of
+    the room's pages)."""
+    peer = sender.peer
+    if peer is None or not peer.alive:
+        return
+    failure = sender.failure
+    kind, reason = (failure.kind.value, failure.message) if failure and state == RoomState.FAILED else ("", "")
+    extra = sender.extra_payload if state == RoomState.SUCCESS else b""
+    peer.publish(sender.room, state, kind=kind, reason=reason, pages_done=sender.pages_done, staged=staged,
+                 extra_payload=extra)

@@ -19,12 +19,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from kv_transfer.layout import KVLayout, split_batches, write_entries, write_runs
+from kv_transfer.wire.layout import KVLayout, split_batches, write_entries, write_runs
 from kv_transfer.page_views import PageViews, copy_pages
 from kv_transfer.state import FailureKind
 
 if TYPE_CHECKING:
-    from kv_transfer.aux import AuxRecord
+    from kv_transfer.wire.aux import AuxRecord
     from kv_transfer.metrics import TransferMetrics
     from kv_transfer.staging import StagingSlots
     from kv_transfer.transport import PeerWriter

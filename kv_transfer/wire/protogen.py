@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from kv_transfer.errors import ConfigError
+from kv_transfer.wire.errors import ConfigError
 
 PROTO_NAME = "kv_bootstrap"
 _lock = threading.Lock()
@@ -38,7 +38,7 @@ def find_proto_dir() -> Path:
     env = os.environ.get("SPLITSERVE_PROTO_DIR")
     if env:
         candidates.append(Path(env))
-    candidates.append(Path(__file__).resolve().parent.parent / "proto")
+    candidates.append(Path(__file__).resolve().parents[2] / "proto")
     candidates.append(Path(sys.prefix) / "share" / "splitserve" / "proto")
     for folder in candidates:
         if (folder / f"{PROTO_NAME}.proto").is_file():

@@ -10,19 +10,19 @@ import threading
 import time
 from typing import Any
 
-from kv_transfer.aux import AuxStaging
-from kv_transfer.bootstrap_server import start_bootstrap_server
+from kv_transfer.wire.aux import AuxStaging
+from kv_transfer.prefill.bootstrap_server import start_bootstrap_server
 from kv_transfer.config import MAX_STAGING_SLOT_BYTES, MAX_STAGING_SLOTS, TransferConfig
-from kv_transfer.errors import (
+from kv_transfer.wire.errors import (
     DuplicateRoomError, InvalidRoomError, PageIndexError, UnknownPeerError, UnknownRoomError,
 )
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.peers import DecodePeer
+from kv_transfer.prefill.peers import DecodePeer
 from kv_transfer.rooms import RoomTable
 from kv_transfer.page_views import PageViews, matched_views
-from kv_transfer.page_writers import DirectPageWriter, PageWriter, ShmPageWriter, StagedPageWriter
-from kv_transfer.sender import KVSender
+from kv_transfer.prefill.page_writers import DirectPageWriter, PageWriter, ShmPageWriter, StagedPageWriter
+from kv_transfer.prefill.sender import KVSender, publish
 from kv_transfer.staging import StagingSlots
 from kv_transfer.state import FailureKind, RoomState
 from kv_transfer.ticker import Ticker
@@ -30,7 +30,7 @@ from kv_transfer.transport import PeerWriter
 from kv_transfer.transport.mooncake import MooncakeWriter
 from kv_transfer.transport.select import SendSide
 from kv_transfer.transport.shm import ShmWriter
-from kv_transfer.wire import aux_from_msg, check_room_id, layout_from_msg, offer_from_msg
+from kv_transfer.wire.messages import aux_from_msg, check_room_id, layout_from_msg, offer_from_msg
 
 log = logging.getLogger("kv_transfer")
 
@@ -199,13 +199,7 @@ class PrefillTransferManager:
 
     def _on_change(self, sender: KVSender, old: RoomState, new: RoomState) -> None:
         self._rooms.changed(sender, old, new)
-        failure = sender.failure
-        peer = sender.peer
-        if peer is not None and peer.alive:
-            kind, reason = (failure.kind.value, failure.message) if failure and new == RoomState.FAILED else ("", "")
-            extra = sender.extra_payload if new == RoomState.SUCCESS else b""
-            peer.publish(sender.room, new, kind=kind, reason=reason, pages_done=sender.pages_done,
-                         extra_payload=extra)
+        publish(sender, new)
 
     def _drop_peer(self, peer: DecodePeer, why: str) -> None:
         was_alive = peer.alive

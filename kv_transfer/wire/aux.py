@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kv_transfer.errors import ConfigError, PageIndexError
+from kv_transfer.wire.errors import ConfigError, PageIndexError
 
 RECORD_FORMAT = "<qqqI"  # first_token_id, cached_tokens, room (int64s), payload length (uint32), little-endian
 RECORD_SIZE = struct.calcsize(RECORD_FORMAT)  # the header; the payload follows it

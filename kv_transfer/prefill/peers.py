@@ -11,14 +11,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from kv_transfer.aux import AuxLayout, AuxStaging
-from kv_transfer.layout import KVLayout
+from kv_transfer.wire.aux import AuxLayout, AuxStaging
+from kv_transfer.wire.layout import KVLayout
 from kv_transfer.metrics import TransferMetrics
-from kv_transfer.page_writers import PageWriter
+from kv_transfer.prefill.page_writers import PageWriter
 from kv_transfer.staging import StagingSlots
 from kv_transfer.state import RoomState
 from kv_transfer.transport import PeerWriter
-from kv_transfer.wire import pb, state_to_msg
+from kv_transfer.wire.messages import pb, state_to_msg
 
 log = logging.getLogger("kv_transfer")
 
@@ -59,7 +59,7 @@ class DecodePeer:
         self.writer = writer  # the transport (aux records go through it; pages through `pages`)
         self.aux_staging = aux_staging
         self.metrics = metrics
-        self.pages = pages  # how a chunk's pages get there: shm, direct or staged (kv_transfer/page_writers.py)
+        self.pages = pages  # how a chunk's pages get there: shm, direct or staged (kv_transfer/prefill/page_writers.py)
         self.staging = staging  # the peer's staging slots, when scattered pages are staged
         self.events: "queue.Queue[Any]" = queue.Queue()
         self.last_seen = time.monotonic()

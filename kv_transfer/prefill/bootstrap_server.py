@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import grpc
 
 from kv_transfer.auth import TokenCheck
-from kv_transfer.errors import ConfigError, KVTransferError, UnknownPeerError
-from kv_transfer.protogen import stubs
-from kv_transfer.wire import error_to_msg
+from kv_transfer.wire.errors import ConfigError, KVTransferError, UnknownPeerError
+from kv_transfer.wire.protogen import stubs
+from kv_transfer.wire.messages import error_to_msg
 
 if TYPE_CHECKING:
-    from kv_transfer.prefill_manager import PrefillTransferManager
+    from kv_transfer.prefill.manager import PrefillTransferManager
 
 log = logging.getLogger("kv_transfer")
 
