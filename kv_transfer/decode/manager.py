@@ -40,6 +40,7 @@ class DecodeTransferManager:
         self._rooms: RoomTable[KVReceiver] = RoomTable(self.metrics)
         self._lock = threading.Lock()  # guards _links and _closed; taken inside _rooms.lock, never around it
         self._links: dict[str, PeerLink] = {}
+        self._room_links: dict[KVReceiver, PeerLink] = {}  # each room's link, until the room is released
         self._closed = False
         # Staging slots, one area per link (only Mooncake peers stage). An area is never freed, since Mooncake's
         # TCP server writes wherever a peer says; a dead link's area is reused by a later link only after a
@@ -65,8 +66,10 @@ class DecodeTransferManager:
                 raise DuplicateRoomError(f"room {room} is already in flight on this decode worker", room=room)
             with self._lock:
                 link = self._link(bootstrap_host, bootstrap_port)
-            receiver = KVReceiver(room, self.config, self.layout, self.aux, link, self._on_change,
-                                  self._release)
+            receiver = KVReceiver(room, self.config, self.layout, self.aux, self._on_change, self._release,
+                                  link.open_room)
+            with self._lock:
+                self._room_links[receiver] = link
             self._rooms.put(receiver)
         link.attach(receiver)
         return receiver
@@ -148,7 +151,10 @@ class DecodeTransferManager:
 
     def _release(self, receiver: KVReceiver) -> None:
         self._rooms.remove(receiver)
-        receiver.link.detach(receiver.room)
+        with self._lock:
+            link = self._room_links.pop(receiver, None)
+        if link is not None:
+            link.detach(receiver.room)
 
     def _on_change(self, receiver: KVReceiver, old: RoomState, new: RoomState) -> None:
         self._rooms.changed(receiver, old, new)
@@ -157,9 +163,11 @@ class DecodeTransferManager:
             self.metrics.add_bytes(len(receiver.dst_pages) * self.layout.page_bytes * 2 * self.layout.num_layers)
             if receiver.started is not None:
                 self.metrics.observe_transfer(time.monotonic() - receiver.started)
-        elif new == RoomState.FAILED and receiver.failure is not None:
-            if receiver.tells_peer and receiver.opened and receiver.link.alive:
-                receiver.link.abort_room(receiver.room, receiver.failure.message)
+        elif new == RoomState.FAILED and receiver.failure is not None and receiver.tells_peer and receiver.opened:
+            with self._lock:
+                link = self._room_links.get(receiver)
+            if link is not None and link.alive:
+                link.abort_room(receiver.room, receiver.failure.message)
 
     def _tick(self) -> None:
         now = time.monotonic()

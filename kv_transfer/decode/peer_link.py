@@ -23,7 +23,8 @@ from kv_transfer.config import TransferConfig
 from kv_transfer.wire.errors import KVTransferError, PeerUnreachableError, UnknownPeerError, UnknownRoomError
 from kv_transfer.wire.protogen import stubs
 from kv_transfer.state import FailureKind
-from kv_transfer.wire.messages import raise_if_error
+from kv_transfer.decode.receiver import Opened, PeerFailed, Remote, Staged
+from kv_transfer.wire.messages import raise_if_error, state_from_msg
 
 if TYPE_CHECKING:
     from kv_transfer.decode.receiver import KVReceiver
@@ -104,7 +105,7 @@ class PeerLink:
     # --- internals ------------------------------------------------------------------------------
     def _fail_rooms(self, rooms: list["KVReceiver"]) -> None:
         for r in rooms:
-            r.fail_from_peer(self._kind, self._message, self.error)
+            r.feed(PeerFailed(self._kind, self._message, self.error))
 
     def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """A unary call with our deadline; transport errors kill the link and return None."""
@@ -200,7 +201,8 @@ class PeerLink:
                 if event.HasField("staged"):
                     self._unstage(receiver, event.staged)
                 if receiver is not None:
-                    receiver.on_event(event)
+                    receiver.feed(Remote(state_from_msg(event.state), event.pages_done, event.failure_kind,
+                                         event.reason, bytes(event.extra_payload)))
         except grpc.RpcError as exc:
             why = f"event stream broke ({exc.code() if hasattr(exc, 'code') else exc})"
         except ValueError:  # the channel was closed by die() meanwhile
@@ -213,7 +215,7 @@ class PeerLink:
         slot = staged.slot
         try:
             if receiver is not None:
-                receiver.unstage(self.staging, staged.slot, staged.first, staged.count)
+                receiver.feed(Staged(self.staging, staged.slot, staged.first, staged.count))
         finally:
             self._ops.put(lambda: self._staging_done(slot))
 
@@ -236,22 +238,21 @@ class PeerLink:
             self.die(FailureKind.PEER_DEAD, f"prefill {self.address} no longer knows this decode worker", exc)
 
     def _open_room(self, receiver: "KVReceiver") -> None:
-        if receiver.state.terminal:
+        req = receiver.open_request()
+        if req is None:
             return
-        assert receiver.dst_pages is not None and receiver.aux_slot is not None
-        receiver.opened = True
         reply = self._call("OpenRoom", self._pb.OpenRoomRequest(
-            peer_id=self.peer_id, room=receiver.room, dst_pages=list(receiver.dst_pages),
-            aux_slot=receiver.aux_slot, held_prefix_tokens=receiver.held_prefix_tokens))
+            peer_id=self.peer_id, room=req.room, dst_pages=list(req.dst_pages), aux_slot=req.aux_slot,
+            held_prefix_tokens=req.held_prefix_tokens))
         if reply is None:
             return
         try:
             raise_if_error(reply, self.address)
         except KVTransferError as exc:
-            exc.room = receiver.room
-            receiver.fail_from_peer(FailureKind.REFUSED, f"prefill refused the room: {exc.message}", exc)
+            exc.room = req.room
+            receiver.feed(PeerFailed(FailureKind.REFUSED, f"prefill refused the room: {exc.message}", exc))
             return
-        receiver.on_opened()
+        receiver.feed(Opened())
 
     def _abort_room(self, room: int, reason: str) -> None:
         reply = self._call("AbortRoom", self._pb.AbortRoomRequest(peer_id=self.peer_id, room=room, reason=reason))

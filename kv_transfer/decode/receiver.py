@@ -1,15 +1,21 @@
-"""KVReceiver: one room on the decode side.
+"""KVReceiver: one room on the decode side, a state machine fed events.
 
 Created by DecodeTransferManager.create_receiver(room, host, port); the worker then calls
 init(dst_pages, aux_slot, held_prefix_tokens) and polls. Success is reached only when the
 prefill side reported every page written and the aux record in our memory carries this room's
 id; anything else ends in Failed(reason), after which the worker frees the pages.
+
+What happens on the wire reaches it as typed events (``feed``), which the room's PeerLink decodes from the
+prefill side's stream and its own calls: Opened, Refused/PeerFailed, Remote (a state the prefill side
+reported) and Staged (a slot of pages to copy into place). It never calls the link; ``init`` hands the room to
+the manager's ``on_init``, which asks the link to open it (``open_request`` says what to send).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from kv_transfer.wire.aux import AuxLayout, AuxRecord
@@ -18,10 +24,8 @@ from kv_transfer.wire.errors import InvalidRoomError, PageIndexError
 from kv_transfer.wire.layout import KVLayout
 from kv_transfer.rooms import RoomHandle
 from kv_transfer.state import FailureKind, RoomState
-from kv_transfer.wire.messages import state_from_msg
 
 if TYPE_CHECKING:
-    from kv_transfer.decode.peer_link import PeerLink
     from kv_transfer.staging import StagingArea
 
 log = logging.getLogger("kv_transfer")
@@ -33,14 +37,59 @@ _REMOTE_KIND = {
 }
 
 
+@dataclass(frozen=True)
+class OpenRequest:
+    """What OpenRoom tells the prefill side."""
+    room: int
+    dst_pages: tuple[int, ...]
+    aux_slot: int
+    held_prefix_tokens: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The prefill side accepted the room."""
+
+
+@dataclass(frozen=True)
+class PeerFailed:
+    """The link failed the room: the prefill side refused it, or the link died (the prefill side knows)."""
+    kind: FailureKind
+    message: str
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A state the prefill side reported for the room (and, with Success, its page count and extra payload)."""
+    state: RoomState
+    pages_done: int = 0
+    failure_kind: str = ""
+    reason: str = ""
+    extra_payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Slot ``slot`` of ``area`` holds dst_pages[first:first + count]."""
+    area: "StagingArea | None"
+    slot: int
+    first: int
+    count: int
+
+
+RoomEvent = Opened | PeerFailed | Remote | Staged
+
+
 class KVReceiver(RoomHandle):
-    def __init__(self, room: int, config: TransferConfig, layout: KVLayout, aux: AuxLayout, link: "PeerLink",
+    def __init__(self, room: int, config: TransferConfig, layout: KVLayout, aux: AuxLayout,
                  on_change: Callable[[Any, RoomState, RoomState], None],
-                 on_release: Callable[[Any], None]) -> None:
+                 on_release: Callable[[Any], None],
+                 on_init: Callable[["KVReceiver"], None]) -> None:
         super().__init__(room, config, on_change, on_release)
         self._layout = layout
         self._aux = aux
-        self.link = link
+        self._on_init = on_init
         self._lock = threading.Lock()
         self.dst_pages: tuple[int, ...] | None = None
         self.aux_slot: int | None = None
@@ -79,7 +128,7 @@ class KVReceiver(RoomHandle):
             if self._tracker.state.terminal:
                 return  # failed meanwhile (e.g. unreachable peer): poll() reports it; nothing to send
         self._aux.clear(aux_slot)
-        self.link.open_room(self)
+        self._on_init(self)
 
     def abort(self, reason: str) -> None:
         """Give up on the room; the prefill side hears of it and stops writing. Returns once no staged copy into
@@ -97,42 +146,53 @@ class KVReceiver(RoomHandle):
         """Whether the failure originated here (so the prefill side must be told)."""
         return self._tell_peer
 
-    def fail_from_peer(self, kind: FailureKind, message: str, error: Exception | None = None) -> None:
-        self._tell_peer = False
-        if not self._tracker.fail(kind, message, error):
-            self._tell_peer = True
+    def open_request(self) -> OpenRequest | None:
+        """What to send in OpenRoom, or None when the room already ended; from then on the prefill side may know
+        the room (``opened``)."""
+        if self._tracker.state.terminal:
+            return None
+        assert self.dst_pages is not None and self.aux_slot is not None
+        self.opened = True
+        return OpenRequest(self.room, self.dst_pages, self.aux_slot, self.held_prefix_tokens)
 
-    def on_opened(self) -> None:
-        self._tracker.advance(RoomState.WAITING_FOR_INPUT)
-
-    def on_event(self, event: Any) -> None:
-        state = state_from_msg(event.state)
-        if state == RoomState.FAILED:
-            self.fail_from_peer(_remote_kind(event.failure_kind), f"prefill side: {event.reason}")
-        elif state == RoomState.SUCCESS:
-            self.extra_payload = bytes(event.extra_payload)
+    def feed(self, event: RoomEvent) -> None:
+        if isinstance(event, Opened):
+            self._tracker.advance(RoomState.WAITING_FOR_INPUT)
+        elif isinstance(event, PeerFailed):
+            self._fail_from_peer(event.kind, event.message, event.error)
+        elif isinstance(event, Staged):
+            self._unstage(event)
+        elif event.state == RoomState.FAILED:
+            self._fail_from_peer(_remote_kind(event.failure_kind), f"prefill side: {event.reason}")
+        elif event.state == RoomState.SUCCESS:
+            self.extra_payload = event.extra_payload
             self._finish(event.pages_done)
-        elif state == RoomState.TRANSFERRING:
+        elif event.state == RoomState.TRANSFERRING:
             if self.started is None:
                 self.started = time.monotonic()
             self._tracker.advance(RoomState.TRANSFERRING)
             self._tracker.progress()
-        elif state == RoomState.WAITING_FOR_INPUT:
+        elif event.state == RoomState.WAITING_FOR_INPUT:
             self._tracker.advance(RoomState.WAITING_FOR_INPUT)
 
-    def unstage(self, area: "StagingArea | None", slot: int, first: int, count: int) -> None:
-        """Copy staged slot `slot` into dst_pages[first:first + count]; a bad announcement fails the room."""
+    def _fail_from_peer(self, kind: FailureKind, message: str, error: Exception | None = None) -> None:
+        self._tell_peer = False
+        if not self._tracker.fail(kind, message, error):
+            self._tell_peer = True
+
+    def _unstage(self, ev: Staged) -> None:
+        """Copy the staged slot into its pages; a bad announcement fails the room."""
         with self._unstaging:
             if self._tracker.state.terminal:
                 return
-            dst = self.dst_pages
-            if area is None or dst is None or count < 1 or first + count > len(dst):
+            dst, first, count = self.dst_pages, ev.first, ev.count
+            if ev.area is None or dst is None or count < 1 or first + count > len(dst):
                 self._tracker.fail(FailureKind.TRANSFER_IO, f"prefill staged pages [{first}, {first + count}) into "
-                                                            f"slot {slot}, which do not fit this room's "
+                                                            f"slot {ev.slot}, which do not fit this room's "
                                                             f"{len(dst or ())} pages or staging slots")
                 return
             try:
-                area.unstage(slot, dst[first:first + count])
+                ev.area.unstage(ev.slot, dst[first:first + count])
             except PageIndexError as exc:
                 self._tracker.fail(FailureKind.TRANSFER_IO, f"bad staged write: {exc.message}", exc)
                 return
