@@ -20,10 +20,13 @@ def _dest(name: str, prefix: str) -> str:
     return f"{prefix}_{name}" if prefix else name
 
 
+def _flag(f: dataclasses.Field, prefix: str) -> str:
+    return f.metadata.get("flag") or "--" + _dest(f.name, prefix).replace("_", "-")
+
+
 def flag_of(cls: type, name: str, prefix: str = "") -> str:
     """The command-line flag of field ``name`` of ``cls``."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)  # type: ignore[arg-type]
-    return f.metadata.get("flag") or "--" + _dest(name, prefix).replace("_", "-")
+    return _flag(next(f for f in dataclasses.fields(cls) if f.name == name), prefix)  # type: ignore[arg-type]
 
 
 def _base_type(tp: Any) -> Any:
@@ -60,7 +63,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, group: str | 
                 kwargs["choices"] = f.metadata["choices"]
         if kwargs["help"] and default is not None and tp is not bool:
             kwargs["help"] += " (default: %(default)s)"
-        target.add_argument(flag_of(cls, f.name, prefix), **kwargs)
+        target.add_argument(_flag(f, prefix), **kwargs)
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace, prefix: str = "", **overrides: Any) -> T:

@@ -88,9 +88,10 @@ def plan_cluster(cfg: UpConfig, terminal: Terminal) -> Plan:
     # (owner-only) for an operator who calls a worker's admin routes.
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     worker_key = os.environ.get(WORKER_API_KEY_ENV) or secrets.token_hex(16)
-    key_file = run_dir / "worker-api-key"
-    key_file.touch(mode=0o600)
-    key_file.write_text(worker_key + "\n")
+    fd = os.open(run_dir / "worker-api-key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # also when --run-dir held an older file
+        f.write(worker_key + "\n")
     base = {**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
     env = {**base, WORKER_KEY_ENV: worker_key}
     terminal.width = max(len("router"), len(f"prefill-{cfg.prefill - 1}"), len(f"decode-{cfg.decode - 1}"))

@@ -69,6 +69,8 @@ class DecodeTransferManager:
             receiver = KVReceiver(room, self.config, self.layout, self.aux, self._on_change, self._release,
                                   link.open_room)
             with self._lock:
+                if existing is not None:  # a finished room of the same id, replaced in the table: forget its link
+                    self._room_links.pop(existing, None)
                 self._room_links[receiver] = link
             self._rooms.put(receiver)
         link.attach(receiver)
@@ -154,7 +156,7 @@ class DecodeTransferManager:
         with self._lock:
             link = self._room_links.pop(receiver, None)
         if link is not None:
-            link.detach(receiver.room)
+            link.detach(receiver)
 
     def _on_change(self, receiver: KVReceiver, old: RoomState, new: RoomState) -> None:
         self._rooms.changed(receiver, old, new)

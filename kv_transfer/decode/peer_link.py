@@ -70,9 +70,11 @@ class PeerLink:
         if not self.alive:  # raced with death: fail it like the others
             self._fail_rooms([receiver])
 
-    def detach(self, room: int) -> None:
+    def detach(self, receiver: "KVReceiver") -> None:
+        """Stop routing events to `receiver` (a newer room of the same id keeps its own)."""
         with self._lock:
-            self._rooms.pop(room, None)
+            if self._rooms.get(receiver.room) is receiver:
+                del self._rooms[receiver.room]
 
     def open_room(self, receiver: "KVReceiver") -> None:
         self._ops.put(lambda: self._open_room(receiver))

@@ -115,7 +115,8 @@ async fn info(state: &Arc<AppState>, req: Request<Incoming>, request_id: String,
 
 /// Bytes of the request line and headers, as they came on the wire (give or take whitespace).
 fn head_size(req: &Request<Incoming>) -> usize {
-    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len()) + req.uri().authority().map_or(0, |a| a.as_str().len());
+    let line = req.method().as_str().len() + target + 12;
     line + req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>()
 }
 
