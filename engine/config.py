@@ -83,6 +83,30 @@ class SchedulerConfig:
         return None if self.chunked_prefill_size <= 0 else self.chunked_prefill_size
 
 
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Structured output: how grammars (JSON schemas, regexes, EBNF, tool calls) are compiled and followed."""
+
+    grammar_backend: str = field(default="xgrammar", metadata={
+        "help": "grammar engine for constrained decoding; none refuses response_format, regex, ebnf and json_schema "
+                "with a 400", "choices": GRAMMAR_BACKENDS})
+    grammar_cache_size: int = field(default=256, metadata={
+        "help": "compiled grammars kept (least recently used go first)"})
+    grammar_compile_timeout: float = field(default=10.0, metadata={
+        "help": "seconds a request waits for its grammar to compile before it is refused with a 400"})
+    jump_forward: bool = field(default=True, metadata={
+        "help": "where a grammar allows exactly one continuation (fixed keys, punctuation), append its tokens "
+                "without a forward pass per token"})
+    tool_call_parser: str = field(default="auto", metadata={
+        "help": "how tool calls are written and read back: hermes (<tool_call> blocks, ChatML models), llama3_json, "
+                "auto (from the chat template: ChatML or <tool_call> -> hermes, Llama 3 -> llama3_json), or none "
+                "(requests with tools are refused unless the template renders tools itself)",
+        "choices": ("auto", "hermes", "llama3_json", "none")})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP front."""
@@ -113,3 +137,4 @@ class EngineConfig:
     model: ModelConfig = ModelConfig()
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    grammar: GrammarConfig = GrammarConfig()

@@ -15,6 +15,9 @@ import torch
 
 from engine.config import EngineConfig, EngineConfigError
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar.compiler import GrammarCache
+from engine.grammar.masks import MaskFiller
+from engine.grammar.state import GrammarRejected, GrammarState
 from engine.mem.allocator import PageAllocator
 from engine.mem.base import NoPrefixCache, PrefixCache
 from engine.mem.kv_pool import KVPool, KVShape
@@ -41,6 +44,7 @@ class StepOutput:
     new_text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
+    jumped: int = 0  # of new_token_ids, how many a grammar forced (jump-forward) rather than the model sampled
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,6 +119,10 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
+        self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
+                         if cfg.grammar.grammar_backend == "xgrammar" else None)
+        self.masks = MaskFiller(self.arch.vocab_size)
+        self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
                  "context=%d", self.source.path, self.arch.architecture, self.dtype, kv_dtype, self.device,
@@ -123,9 +131,12 @@ class EngineCore:
     # -- requests ----------------------------------------------------------------------------------------------
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams, rid: str | None = None,
                      extra_key: str | None = None, priority: int = 0, detokenize: bool = True,
-                     choice: int = 0, group_leader: Request | None = None) -> Request:
-        """Validate and build a request (raises InvalidRequestError with a client-facing message)."""
+                     choice: int = 0, group_leader: Request | None = None, grammar: object = None) -> Request:
+        """Validate and build a request (raises InvalidRequestError with a client-facing message). ``grammar``:
+        the compiled form of ``sampling.grammar`` (``self.grammars`` compiles it), required when that is set."""
         sampling.validate(self.arch.vocab_size)
+        if (sampling.grammar is None) != (grammar is None):
+            raise ValueError("a request's grammar must be compiled before the request is made")
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         bad = next((t for t in prompt_ids if not 0 <= t < self.arch.vocab_size), None)
@@ -150,6 +161,9 @@ class EngineCore:
         if detokenize:
             req.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids, sampling.skip_special_tokens,
                                                sampling.stop)
+        if grammar is not None:
+            stops = tuple(dict.fromkeys((*self.scheduler.eos_token_ids, *sampling.stop_token_ids)))
+            req.grammar = GrammarState(grammar, stops)
         return req
 
     def add_request(self, req: Request) -> None:
@@ -198,10 +212,11 @@ class EngineCore:
             if out.finished:
                 self.requests.pop(out.req.rid, None)
 
-    def token_output(self, req: Request, lp: TokenLogprob | None = None) -> StepOutput:
-        """The output for a request's newest token: timing, logprobs, incremental text, stop strings."""
-        token = req.output_ids[-1]
-        out = StepOutput(req, [token])
+    def token_output(self, req: Request, lp: TokenLogprob | None = None, jumped: int = 0) -> StepOutput:
+        """The output for a request's newest token (and the ``jumped`` tokens a grammar forced after it):
+        timing, logprobs, incremental text, stop strings."""
+        tokens = req.output_ids[-1 - jumped:]
+        out = StepOutput(req, tokens, jumped=jumped)
         if lp is not None:
             req.output_logprobs.append(lp)
             out.logprobs.append(lp)
@@ -210,7 +225,7 @@ class EngineCore:
             req.first_token_time = now
         req.last_token_time = now
         if req.detok is not None:
-            text, stop = req.detok.add([token])
+            text, stop = req.detok.add(tokens)
             out.new_text = text
             if stop is not None and not req.finished:
                 self.scheduler.finish(req, "stop", stop)
@@ -223,27 +238,57 @@ class EngineCore:
         """Forward, sample, update, detokenize. A forward failure fails the step (the caller aborts what ran); a
         failure that belongs to one request (its sampling, its detokenization or stop strings) fails that request
         alone with a 500 naming the stage, and the rest of the batch goes on."""
-        logits, sampled, prompt_logits = self.runner.forward(batch)
+        fill = self.masks.start([s.req.grammar for s in self.runner.sampled_order(batch)])
+        logits, sampled, prompt_logits = self.runner.forward(batch)  # the masks fill meanwhile
         reqs = [s.req for s in sampled]
         errors: dict[int, Exception] = {}
         outputs: list[StepOutput] = []
+        mask = fill.result() if fill is not None else None
+        if mask is not None:
+            errors.update(mask.errors)
         with torch.inference_mode():  # the logits are inference tensors: penalties update them in place
             for seq, rows in prompt_logits:
                 try:
                     record_prompt_logprobs(seq.req, seq.start, rows)
                 except Exception as e:  # noqa: BLE001 - this request's logprobs, not the batch's
                     outputs.append(self.fail_request(seq.req, "prompt logprobs", e))  # update() then skips it
-            tokens, logprobs = sample(logits, reqs, self.generator, errors) if reqs else ([], [])
+            tokens, logprobs = (sample(logits, reqs, self.generator, errors, mask.apply if mask else None)
+                                if reqs else ([], []))
+        for i in (mask.rows if mask is not None else ()):
+            if i not in errors and not reqs[i].finished:
+                try:
+                    reqs[i].grammar.accept(tokens[i])
+                except GrammarRejected as e:
+                    errors[i] = e
         outputs += [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items() if not reqs[i].finished]
         produced = self.scheduler.update(batch, {r: t for i, (r, t) in enumerate(zip(reqs, tokens))
                                                  if i not in errors})
         lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}
         for req in produced:
             try:
-                outputs.append(self.token_output(req, lp_of.get(req)))
+                jumped = self._follow_grammar(req) if req.grammar is not None else 0
+                outputs.append(self.token_output(req, lp_of.get(req), jumped))
             except Exception as e:  # noqa: BLE001 - this request's text, not the batch's
                 outputs.append(self.fail_request(req, "detokenization", e))
         return outputs
+
+    def _follow_grammar(self, req: Request) -> int:
+        """After a token the grammar accepted: end the request if the grammar is complete, else append what it
+        forces (jump-forward); returns how many tokens were forced."""
+        if req.finished:
+            return 0
+        if req.grammar.terminated:
+            self.scheduler.finish(req, "stop")
+            return 0
+        if not self.cfg.grammar.jump_forward or req.sampling.logprobs is not None:
+            return 0
+        limit = req.max_new_tokens - len(req.output_ids) - 1  # leave the last token to the model (length)
+        tokens = req.grammar.jump_forward(lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+                                          self.tokenizer.token_text, req.output_ids[-1], self._special_ids, limit)
+        if tokens and not self.scheduler.append_forced(req, tokens):
+            req.grammar.rollback(len(tokens))
+            return 0
+        return len(tokens)
 
     def fail_request(self, req: Request, stage: str, error: Exception) -> StepOutput:
         """End one request with a 500 that names the stage that failed; its pages are released as on abort."""
@@ -299,7 +344,14 @@ class EngineCore:
         if prompt_logprobs is not None:
             req.prompt_logprobs = prompt_logprobs
         self.scheduler.activate(req, first_token)
-        return self.token_output(req, lp)
+        jumped = 0
+        if req.grammar is not None:
+            try:
+                req.grammar.accept(first_token)
+            except GrammarRejected as e:
+                return self.fail_request(req, "sampling", e)
+            jumped = self._follow_grammar(req)
+        return self.token_output(req, lp, jumped)
 
     def end(self, req: Request, reason: Abort) -> StepOutput:
         """End the request with an error (its pages stay held if they are); the output that says so."""

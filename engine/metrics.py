@@ -46,13 +46,31 @@ class EngineMetrics:
                              lbl, buckets=_LATENCY_BUCKETS, registry=r).labels(role)
         self.e2e = Histogram("splitserve_e2e_request_latency_seconds", "Arrival to last token", lbl,
                              buckets=_LATENCY_BUCKETS, registry=r).labels(role)
+        self.grammar_compile = Histogram("splitserve_grammar_compile_seconds",
+                                         "Time to compile a request's grammar (cache misses)", lbl,
+                                         buckets=_LATENCY_BUCKETS, registry=r).labels(role)
+        self.grammar_requests = Counter("splitserve_grammar_requests", "Requests with an output constraint, by "
+                                        "whether its compiled grammar came from the cache", lbl + ["cache"],
+                                        registry=r)
+        self.jump_forward_tokens = Counter("splitserve_grammar_jump_forward_tokens",
+                                           "Output tokens a grammar forced (appended without sampling)", lbl,
+                                           registry=r).labels(role)
+        gauge("splitserve_grammar_cache_size", "Compiled grammars cached",
+              lambda: len(core.grammars) if core.grammars is not None else 0)
         self._prompt = 0
         self._cached = 0
         self._last_token: dict[str, float] = {}
 
+    def grammar_compiled(self, seconds: float, hit: bool) -> None:
+        self.grammar_requests.labels(self.role, "hit" if hit else "miss").inc()
+        if not hit:
+            self.grammar_compile.observe(seconds)
+
     def observe(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
             req = out.req
+            if out.jumped:
+                self.jump_forward_tokens.inc(out.jumped)
             if out.new_token_ids:
                 self.generation_tokens.inc(len(out.new_token_ids))
                 now = req.last_token_time or 0.0

@@ -68,6 +68,7 @@ class Request:
 
     # filled by other components
     detok: Any = None
+    grammar: Any = None  # a GrammarState: the output so far, as the request's grammar has accepted it
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)  # entry j: prompt token j + 1 (echo with logprobs)
 

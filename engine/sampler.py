@@ -1,6 +1,6 @@
 """Sampling: pure functions from a step's logits and its requests' parameters to next tokens.
 
-Order per row: raw log-probabilities (for ``logprobs``) -> penalties (repetition on prompt+output, frequency and
+Order per row: raw log-probabilities (for ``logprobs``) -> the grammar's token mask -> penalties (repetition on prompt+output, frequency and
 presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) -> greedy argmax, or temperature
 -> top-k / top-p / min-p filtering -> an exponential race (argmax of p / E with E ~ Exp(1), which samples from p).
 A request with a seed draws E from a generator seeded by (seed, output position), so its tokens do not depend on
@@ -142,12 +142,17 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
-           errors: dict[int, Exception] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
+           errors: dict[int, Exception] | None = None,
+           constrain: Callable[[torch.Tensor], None] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits: [len(reqs), V] float32 (modified in place). Returns next tokens and, where asked, logprobs.
     With ``errors`` given, a row whose request made its own sampling fail is recorded there (token -1, no
-    logprobs) and the other rows are unaffected; without it the first such failure raises."""
+    logprobs) and the other rows are unaffected; without it the first such failure raises. ``constrain``
+    (a grammar's token mask) runs on the logits after the raw logprobs are taken and before penalties: logprobs
+    stay the model's own, the sampled token is always one the grammar allows."""
     want_lp = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
     raw_lp = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
+    if constrain is not None:
+        constrain(logits)
     _per_row([i for i, r in enumerate(reqs) if r.sampling.adjusts_logits],
              lambda i: adjust_row(logits[i], reqs[i]), errors)
     tokens = row_argmax(logits)

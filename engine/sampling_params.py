@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.grammar.spec import GrammarSpec
 
 
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
@@ -34,6 +38,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's -100..100)
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the top k (echo)
+    grammar: GrammarSpec | None = None  # what the output must match (compiled by the server before queueing)
 
     @property
     def greedy(self) -> bool:

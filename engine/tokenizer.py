@@ -42,16 +42,23 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id], skip_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    @property
+    def renders_tools(self) -> bool:
+        """The chat template renders a ``tools`` list itself."""
+        return "tools" in (getattr(self.hf, "chat_template", None) or "")
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         if not self.has_chat_template:
             raise InvalidRequestError("this model's tokenizer has no chat template; use /v1/completions",
                                       param="messages")
         try:
-            text = self.hf.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=add_generation_prompt)
+            text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               **({"tools": tools} if tools else {}))
         except Exception as e:  # jinja errors from user-controlled content are client errors
             raise InvalidRequestError(f"chat template failed: {e}", param="messages") from e
         return text

@@ -41,6 +41,12 @@ class ModelRunner:
         if last > s.start:
             rows.append((s, q_start, last - s.start))
 
+    @staticmethod
+    def sampled_order(batch: ScheduledBatch) -> list[ScheduledSeq]:
+        """The sequences whose logits ``forward`` returns, in its order (one-token sequences first)."""
+        return ([s for s in batch.seqs if s.sample and s.num_tokens == 1]
+                + [s for s in batch.seqs if s.sample and s.num_tokens > 1])
+
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
         """Logits [n, vocab] (float32) for the sampled sequences, in the returned order, and the prompt rows."""

@@ -111,6 +111,15 @@ class Scheduler:
             self.running.remove(req)
             self._finish(req, reason, first_token if reason == "stop" else None)
 
+    def append_forced(self, req: Request, tokens: list[int]) -> bool:
+        """Output tokens decided without sampling (a grammar's only continuation): appended after the request's
+        newest token, with pages for them, so the next step computes them all before it samples; False (nothing
+        appended) when the request is not running or the pages are not there."""
+        if req not in self.running or not self.kv.grow(req, req.remaining + len(tokens)):
+            return False
+        req.output_ids.extend(tokens)
+        return True
+
     def release_held(self, req: Request, keep: bool = True) -> None:
         """No transfer uses the request's pages any more: give them back (with ``keep``, whole computed pages
         go to the prefix cache)."""

@@ -14,8 +14,8 @@ from engine.sampling_params import InvalidRequestError
 from engine.server.errors import sse_error, sse_guarded
 from engine.server.openai_api import SSE_HEADERS
 from engine.server.protocol import GenerateRequest
-from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_text,
-                                   request_id, start_stream)
+from engine.server.serving import (ServingContext, abort_error, build_requests, collect, compile_grammar,
+                                   prompt_from_text, request_id, start_stream)
 
 
 async def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:
@@ -52,7 +52,9 @@ async def generate(body: GenerateRequest, http: HTTPRequest, ctx: ServingContext
     prompts, batched = await _prompts(ctx, body)
     sp = body.sampling_params
     logprobs = body.top_logprobs_num if body.return_logprob else None
-    reqs = build_requests(ctx, prompts, sp.to_params(logprobs), sp.n, request_id(http, body, "gen"), body)
+    params = sp.to_params(logprobs)
+    reqs = build_requests(ctx, prompts, params, sp.n, request_id(http, body, "gen"), body,
+                          await compile_grammar(ctx, params))
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
         return StreamingResponse(sse_guarded(_stream(outs, reqs, body.return_logprob)),

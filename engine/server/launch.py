@@ -22,6 +22,7 @@ from engine.config import (
     CacheConfig,
     EngineConfig,
     EngineConfigError,
+    GrammarConfig,
     ModelConfig,
     SchedulerConfig,
     ServerConfig,
@@ -38,6 +39,7 @@ def engine_parser(prog: str, description: str, default_port: int) -> argparse.Ar
     add_dataclass_args(parser, ModelConfig, "model")
     add_dataclass_args(parser, CacheConfig, "KV cache")
     add_dataclass_args(parser, SchedulerConfig, "scheduler")
+    add_dataclass_args(parser, GrammarConfig, "structured output")
     return parser
 
 
@@ -54,7 +56,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     server = dataclasses.replace(server, api_key=key, api_key_file=None)
     return server, EngineConfig(
         model=dataclass_from_args(ModelConfig, args), cache=dataclass_from_args(CacheConfig, args),
-        scheduler=dataclass_from_args(SchedulerConfig, args))
+        scheduler=dataclass_from_args(SchedulerConfig, args), grammar=dataclass_from_args(GrammarConfig, args))
 
 
 @contextlib.contextmanager

@@ -13,10 +13,12 @@ from engine.request import Request
 from engine.sampler import TokenLogprob
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error, sse_guarded
+from engine.server import tools as tools_mod
 from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
+from engine.server.tools import Tool, ToolFormat
 from engine.engine_core import StepOutput
-from engine.server.serving import (ServingContext, abort_error, build_requests, collect, prompt_from_chat,
-                                   prompt_from_text, request_id, start_stream, usage)
+from engine.server.serving import (ServingContext, abort_error, build_requests, collect, compile_grammar,
+                                   prompt_from_chat, prompt_from_text, request_id, start_stream, usage)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -85,7 +87,7 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
     if body.echo and body.logprobs is not None:
         params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
     rid = request_id(http, body, "cmpl")
-    candidates = build_requests(ctx, prompts, params, best_of, rid, body)
+    candidates = build_requests(ctx, prompts, params, best_of, rid, body, await compile_grammar(ctx, params))
     reqs = candidates
     index = {r.rid: i for i, r in enumerate(reqs)}
     created = int(time.time())
@@ -195,34 +197,82 @@ async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput
     yield "data: [DONE]\n\n"
 
 
+def _tool_plan(ctx: ServingContext, body: ChatCompletionRequest,
+               tools: list[Tool]) -> tuple[ToolFormat | None, str, list[Tool]]:
+    """The tool-call format, the tool_choice mode and the tools a call may use (refusals name the field)."""
+    mode, allowed = tools_mod.chosen(tools, body.tool_choice)
+    needs_tools = tools or any(m.tool_calls or m.role == "tool" for m in body.messages)
+    if not needs_tools:
+        return None, mode, allowed
+    tok = ctx.core.tokenizer
+    fmt = tools_mod.pick_format(ctx.core.cfg.grammar.tool_call_parser, getattr(tok.hf, "chat_template", None))
+    if fmt is None and (mode != "none" or not tok.renders_tools):
+        raise InvalidRequestError("this model's chat template does not render tools and no --tool-call-parser "
+                                  "is set, so tool calls cannot be written or read; start the server with "
+                                  "--tool-call-parser hermes or llama3_json", param="tools",
+                                  code="unsupported_parameter")
+    return fmt, mode, allowed
+
+
 async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
     ctx.check_model(body.model)
     if not body.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
-    ids = await prompt_from_chat(ctx, [m.as_template_dict() for m in body.messages], body.add_generation_prompt)
+    tools = tools_mod.parse_tools(body.tools) if body.tools else []
+    fmt, mode, allowed = _tool_plan(ctx, body, tools)
+    messages, native_tools = tools_mod.template_messages([m.as_template_dict() for m in body.messages], fmt, tools,
+                                                         ctx.core.tokenizer.renders_tools)
+    ids = await prompt_from_chat(ctx, messages, body.add_generation_prompt, native_tools)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = body.sampling_params(max_tokens, logprobs)
+    calls = None
+    if fmt is not None and mode != "none":
+        if params.grammar is not None:
+            raise InvalidRequestError(f"tool_choice={mode!r} constrains the output itself; it cannot be combined "
+                                      f"with {params.grammar.param}", param=params.grammar.param)
+        params = dataclasses.replace(params, grammar=tools_mod.grammar_for(fmt, mode, allowed,
+                                                                           body.parallel_tool_calls))
+        calls = (fmt, {t.name for t in allowed})
     rid = request_id(http, body, "chatcmpl")
-    reqs = build_requests(ctx, [ids], params, body.n, rid, body)
+    reqs = build_requests(ctx, [ids], params, body.n, rid, body, await compile_grammar(ctx, params))
     index = {r.rid: i for i, r in enumerate(reqs)}
     base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(sse_guarded(_stream_chat(ctx, outs, reqs, index, base, body.include_usage)),
+        return StreamingResponse(sse_guarded(_stream_chat(ctx, outs, reqs, index, base, body.include_usage,
+                                                          calls)),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, reqs)
-    choices = [{"index": index[r.rid], "message": {"role": "assistant", "content": r.detok.text},
-                "logprobs": _chat_logprobs(ctx, r.output_logprobs) if logprobs is not None else None,
-                "finish_reason": _finish_reason(r)} for r in reqs]
+    choices = [{"index": index[r.rid], **_message(r, calls),
+                "logprobs": _chat_logprobs(ctx, r.output_logprobs) if logprobs is not None else None}
+               for r in reqs]
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": usage(reqs)})
 
 
+def _message(req: Request, calls: tuple[ToolFormat, set[str]] | None) -> dict:
+    """A whole choice's message and finish reason, with the tool calls read out of its text."""
+    text = req.detok.text
+    if calls is None:
+        return {"message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(req)}
+    content, found = tools_mod.extract_calls(text, *calls)
+    reason = _finish_reason(req)
+    message: dict = {"role": "assistant", "content": content if content.strip() else None}
+    if found:
+        message["tool_calls"] = [c.as_dict() for c in found]
+        reason = "tool_calls" if reason == "stop" else reason
+    return {"message": message, "finish_reason": reason}
+
+
 async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
-                       index: dict[str, int], base: dict, include_usage: bool) -> AsyncIterator[str]:
+                       index: dict[str, int], base: dict, include_usage: bool,
+                       calls: tuple[ToolFormat, set[str]] | None = None) -> AsyncIterator[str]:
+    """With ``calls``, each choice's text goes through a CallStream: content streams as it comes, a tool call is
+    sent whole (id, name and arguments in one delta) once its text is complete."""
     base = {**base, "object": "chat.completion.chunk"}
+    streams = {r.rid: tools_mod.CallStream(*calls) for r in reqs} if calls is not None else {}
     for r in reqs:
         yield _sse({**base, "choices": [{"index": index[r.rid], "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
@@ -233,11 +283,23 @@ async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], req
             return
         if not out.new_text and not out.finished and not out.logprobs:
             continue
-        delta = {"content": out.new_text} if out.new_text else {}
+        reason = _finish_reason(out.req) if out.finished else None
+        text, found = out.new_text, []
+        stream = streams.get(out.req.rid)
+        if stream is not None:
+            text, found = stream.feed(out.new_text, final=out.finished)
+            if reason == "stop" and stream.calls:
+                reason = "tool_calls"
+        delta: dict = {"content": text} if text else {}
+        if found:
+            first = stream.calls - len(found)  # type: ignore[union-attr]
+            delta["tool_calls"] = [{"index": first + k, **c.as_dict()} for k, c in enumerate(found)]
+        if not delta and not out.finished and not out.logprobs:
+            continue
         choice = {"index": index[out.req.rid], "delta": delta,
                   "logprobs": _chat_logprobs(ctx, out.logprobs) if out.req.sampling.logprobs is not None
                   else None,
-                  "finish_reason": _finish_reason(out.req) if out.finished else None}
+                  "finish_reason": reason}
         yield _sse({**base, "choices": [choice]})
     if include_usage:
         yield _sse({**base, "choices": [], "usage": usage(reqs)})

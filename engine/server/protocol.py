@@ -1,10 +1,12 @@
 """Request bodies of the HTTP API (pydantic), and their conversion to SamplingParams."""
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from engine.grammar.spec import GrammarSpec
 from engine.sampling_params import InvalidRequestError, SamplingParams
 
 MAX_N = 16
@@ -64,6 +66,59 @@ def logit_bias_ids(raw: dict[str, float] | None) -> dict[int, float] | None:
         raise InvalidRequestError(f"logit_bias keys must be token ids, got {bad!r}", param="logit_bias") from None
 
 
+_RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
+def _response_format_spec(rf: dict[str, Any]) -> GrammarSpec | None:
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object), json_schema (its schema;
+    ``strict`` false is honoured as true: the output always satisfies the schema)."""
+    kind = rf.get("type")
+    if kind not in _RESPONSE_FORMAT_KEYS:
+        raise InvalidRequestError(f"response_format.type must be one of {', '.join(_RESPONSE_FORMAT_KEYS)}, got "
+                                  f"{kind!r}", param="response_format")
+    extra = set(rf) - _RESPONSE_FORMAT_KEYS[kind]
+    if extra:
+        raise InvalidRequestError(f"response_format of type {kind!r} does not take {', '.join(sorted(extra))}",
+                                  param="response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec("json_object", "", "response_format")
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or not isinstance(js.get("name"), str):
+        raise InvalidRequestError("response_format.json_schema must be an object with a name and a schema",
+                                  param="response_format")
+    extra = set(js) - _JSON_SCHEMA_KEYS
+    if extra:
+        raise InvalidRequestError(f"response_format.json_schema does not take {', '.join(sorted(extra))}",
+                                  param="response_format")
+    if js.get("schema") is None:
+        return GrammarSpec("json_object", "", "response_format")
+    return GrammarSpec.from_json_schema(js["schema"], "response_format")
+
+
+def grammar_spec(response_format: dict[str, Any] | None, regex: str | None, ebnf: str | None,
+                 json_schema: str | dict[str, Any] | None) -> GrammarSpec | None:
+    """The one constraint a request asks for (OpenAI's response_format or SGLang's regex / ebnf / json_schema);
+    asking for two is refused, naming both."""
+    given: list[tuple[str, GrammarSpec]] = []
+    if response_format is not None:
+        spec = _response_format_spec(response_format)
+        if spec is not None:
+            given.append(("response_format", spec))
+    if regex is not None:
+        given.append(("regex", GrammarSpec.of_text("regex", regex, "regex")))
+    if ebnf is not None:
+        given.append(("ebnf", GrammarSpec.of_text("ebnf", ebnf, "ebnf")))
+    if json_schema is not None:
+        given.append(("json_schema", GrammarSpec.from_json_schema(json_schema, "json_schema")))
+    if len(given) > 1:
+        raise InvalidRequestError(f"give at most one output constraint; this request has {given[0][0]} and "
+                                  f"{given[1][0]}", param=given[1][0])
+    return given[0][1] if given else None
+
+
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
@@ -110,11 +165,12 @@ class OpenAISampling(RoutingFields):
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
     service_tier: str | None = None
-    # not supported yet: refused with a 400 naming the field unless they ask for the default
+    # structured output (one at most): OpenAI's, and SGLang's as extra body fields
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: StrictBool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    # OpenAI's deprecated function calling: refused with a 400 naming the field (use tools)
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 
@@ -133,20 +189,13 @@ class OpenAISampling(RoutingFields):
         return v
 
     def refuse_unsupported(self) -> None:
-        """The fields we cannot honour yet, each refused by name unless it asks for plain text."""
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise InvalidRequestError(f"response_format {self.response_format.get('type')!r} (structured output) is "
-                                      "not supported yet; leave response_format out or use {\"type\": \"text\"}",
-                                      param="response_format", code="unsupported_parameter")
-        if self.tools or self.functions:
-            name = "tools" if self.tools else "functions"
-            raise InvalidRequestError(f"{name} (function calling) is not supported yet", param=name,
+        """The fields we do not honour, each refused by name unless it asks for the default."""
+        if self.functions:
+            raise InvalidRequestError("functions (deprecated function calling) is not supported; send tools",
+                                      param="functions", code="unsupported_parameter")
+        if self.function_call is not None and self.function_call != "none":
+            raise InvalidRequestError("function_call is not supported; send tool_choice", param="function_call",
                                       code="unsupported_parameter")
-        for name in ("tool_choice", "function_call"):
-            value = getattr(self, name)
-            if value is not None and value != "none":
-                raise InvalidRequestError(f"{name}={value!r} needs function calling, which is not supported yet",
-                                          param=name, code="unsupported_parameter")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         self.refuse_unsupported()
@@ -157,7 +206,8 @@ class OpenAISampling(RoutingFields):
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty, seed=self.seed,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            logit_bias=logit_bias_ids(self.logit_bias))
+            logit_bias=logit_bias_ids(self.logit_bias),
+            grammar=grammar_spec(self.response_format, self.regex, self.ebnf, self.json_schema))
 
     @property
     def include_usage(self) -> bool:
@@ -185,19 +235,49 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
+    # Extra keys are harmless: clients send back whole response messages (refusal, audio, annotations: null)
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    name: str | None = None  # a participant's name: harmless, chat templates do not render it
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result's call
 
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
-                from engine.sampling_params import InvalidRequestError
                 raise InvalidRequestError("only text content parts are supported", param="messages")
             content = "".join(p.text or "" for p in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        if self.tool_calls:
+            calls = []
+            for c in self.tool_calls:
+                try:
+                    args = json.loads(c.function.arguments)
+                except ValueError:
+                    args = None
+                if not isinstance(args, dict):
+                    raise InvalidRequestError(f"the arguments of the earlier call to {c.function.name!r} are not "
+                                              "a JSON object", param="messages")
+                calls.append({"name": c.function.name, "arguments": args, "id": c.id})
+            out["tool_calls"] = calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(OpenAISampling):
@@ -207,6 +287,9 @@ class ChatCompletionRequest(OpenAISampling):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool = True
 
 
 class GenerateSampling(BaseModel):
@@ -227,6 +310,9 @@ class GenerateSampling(BaseModel):
     skip_special_tokens: StrictBool = True
     logit_bias: dict[str, float] | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -238,7 +324,8 @@ class GenerateSampling(BaseModel):
             frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty, seed=self.seed,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            logit_bias=logit_bias_ids(self.logit_bias))
+            logit_bias=logit_bias_ids(self.logit_bias), grammar=grammar_spec(None, self.regex, self.ebnf,
+                                                                            self.json_schema))
 
 
 class GenerateRequest(RoutingFields):

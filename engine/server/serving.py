@@ -57,16 +57,38 @@ def request_id(http: HTTPRequest, body: RoutingFields, prefix: str) -> str:
     return f"{header}-{uuid.uuid4().hex[:8]}" if header else f"{prefix}-{uuid.uuid4().hex}"
 
 
+async def compile_grammar(ctx: ServingContext, params: SamplingParams) -> object | None:
+    """The compiled form of the request's grammar (None without one), from the cache or compiled on the grammar
+    pool, never on the event loop or the engine thread; refused with a 400 when it does not compile within
+    ``--grammar-compile-timeout``."""
+    spec = params.grammar
+    if spec is None:
+        return None
+    grammars = ctx.core.grammars
+    if grammars is None:
+        raise InvalidRequestError(f"{spec.param} needs constrained decoding, which this server runs without "
+                                  "(--grammar-backend none)", param=spec.param, code="unsupported_parameter")
+    timeout = ctx.core.cfg.grammar.grammar_compile_timeout
+    try:
+        compiled = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(grammars.submit(spec))), timeout)
+    except asyncio.TimeoutError:
+        raise InvalidRequestError(f"{spec.param} did not compile within {timeout:g}s (--grammar-compile-timeout); "
+                                  "simplify it", param=spec.param, code="grammar_timeout") from None
+    ctx.metrics.grammar_compiled(compiled.seconds, compiled.hit)
+    return compiled.grammar
+
+
 def build_requests(ctx: ServingContext, prompts: list[list[int]], params: SamplingParams, n: int, rid: str,
-                   body: RoutingFields) -> list[Request]:
-    """One request per (prompt, choice); choices after the first share the first one's cached prompt pages."""
+                   body: RoutingFields, grammar: object | None = None) -> list[Request]:
+    """One request per (prompt, choice); choices after the first share the first one's cached prompt pages.
+    ``grammar``: the compiled grammar of ``params.grammar``; each request follows it with its own matcher."""
     reqs: list[Request] = []
     for p, ids in enumerate(prompts):
         leader = None
         for i in range(n):
             sub = rid if len(prompts) * n == 1 else f"{rid}-{p}-{i}"
             req = ctx.core.make_request(ids, params, rid=sub, extra_key=body.namespace, priority=body.priority,
-                                        choice=i, group_leader=leader)
+                                        choice=i, group_leader=leader, grammar=grammar)
             if ctx.prepare is not None:
                 ctx.prepare(req, body, p, i)
             leader = leader or req
@@ -171,9 +193,10 @@ async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt"
     return ids
 
 
-async def prompt_from_chat(ctx: ServingContext, messages: list[dict[str, Any]],
-                           add_generation_prompt: bool) -> list[int]:
-    """The chat template's rendering of ``messages``, tokenized (both off the loop when long)."""
+async def prompt_from_chat(ctx: ServingContext, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                           tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The chat template's rendering of ``messages`` (and ``tools``, for a template that renders them),
+    tokenized (both off the loop when long)."""
     chars = sum(len(m["content"]) for m in messages)  # as_template_dict gives every message a str content
     check_text_fits(ctx, chars, "messages")
-    return await off_loop(chars, ctx.core.tokenizer.apply_chat_template, messages, add_generation_prompt)
+    return await off_loop(chars, ctx.core.tokenizer.apply_chat_template, messages, add_generation_prompt, tools)

@@ -124,8 +124,10 @@ def test_harmless_fields_change_nothing(client, model) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"temperature": 2.5}, "temperature"),
     ({"top_logprobs": 3}, "top_logprobs"),

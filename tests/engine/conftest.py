@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.role import EngineRole
 from engine.tiny_model import ensure_tiny_model
@@ -21,14 +21,15 @@ def tiny_model_dir() -> Path:
 def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 8192, chunk: int = 512,
               max_prefill_tokens: int = 4096, disable_radix_cache: bool = False, max_running: int = 128,
               policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32",
-              stall_timeout: float = 30.0, role: EngineRole | None = None) -> EngineCore:
+              stall_timeout: float = 30.0, role: EngineRole | None = None, jump_forward: bool = True) -> EngineCore:
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(model_dir), dtype=dtype),
         CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
                     disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
                         max_running_requests=max_running, schedule_policy=policy,
-                        stall_timeout_secs=stall_timeout)), role=None if role is None else lambda _core: role)
+                        stall_timeout_secs=stall_timeout),
+        GrammarConfig(jump_forward=jump_forward)), role=None if role is None else lambda _core: role)
 
 
 @pytest.fixture(scope="session")

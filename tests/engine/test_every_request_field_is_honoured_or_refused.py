@@ -1,5 +1,5 @@
 """Every request field is honoured, documented as harmless, or refused with a 400 that names it (docs/api.md):
-unknown fields, structured output and tools (not supported yet), OpenAI's bounds for temperature and stop,
+unknown fields, output constraints the grammar could not enforce, malformed tools, OpenAI's bounds for temperature and stop,
 best_of (honoured: the n best of best_of candidates by cumulative logprob), and logit_bias, which is honoured (+100 forces a token, -100 bans it)."""
 from __future__ import annotations
 
@@ -18,10 +18,14 @@ def post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
 
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/chat/completions", {**CHAT, "min_tokens": 3}, "min_tokens"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "yaml"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "regex": "a", "ebnf": "root ::= \"a\""}, "ebnf"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]}, "tools"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "tools": []}, "tools"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {**CHAT, "temperature": 2.5}, "temperature"),

@@ -17,13 +17,15 @@ INVALID = [
     ({"prompt": "hi", "max_tokens": 4, "lora_name": "x"}, "lora_name"),
     ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"99999999": 1}}, "logit_bias"),
     ({"prompt": "hi", "max_tokens": 4, "temperature": 3}, "temperature"),
-    ({"prompt": "hi", "max_tokens": 4, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "hi", "max_tokens": 4, "regex": "a(b"}, "regex"),
+    ({"prompt": "hi", "max_tokens": 4, "json_schema": {"type": "string", "format": "phone"}}, "json_schema"),
 ]
 VALID = [
     {"prompt": "Once upon a time", "max_tokens": 6},
     {"prompt": "Once upon a time", "max_tokens": 6, "presence_penalty": 1.0, "frequency_penalty": 0.5},
     {"prompt": "Once upon a time", "max_tokens": 6, "repetition_penalty": 1.3, "temperature": 0.7, "seed": 1},
     {"prompt": "Once upon a time", "max_tokens": 6, "logit_bias": {"300": 50}},
+    {"prompt": "Once upon a time", "max_tokens": 6, "regex": "[a-z ]+"},
     {"prompt": ["first of a batch", "second of a batch"], "max_tokens": 6},
     {"prompt": [[5, 6, 7], [8, 9, 10]], "max_tokens": 6, "n": 2, "stream": True},
 ]

@@ -220,3 +220,23 @@ pub async fn forward_pd(state: &Arc<AppState>, mut out: Outgoing) -> Response<Re
     }
     error_response(&e)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerConfig;
+    use std::time::Duration;
+
+    #[test]
+    fn the_body_sent_to_a_pair_keeps_the_clients_key_order() {
+        // A JSON schema's property order is the order of the keys in the output it constrains.
+        let text = r#"{"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"r","schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}}"#;
+        let body: Value = serde_json::from_str(text).unwrap();
+        let breaker = BreakerConfig { failure_threshold: 3, success_threshold: 1, open_for: Duration::from_secs(1) };
+        let p = Worker::new("http://127.0.0.1:1", Role::Prefill, Some(2), breaker, true);
+        let sent = with_bootstrap(&body, "/v1/chat/completions", &p).unwrap();
+        let sent = std::str::from_utf8(&sent).unwrap();
+        assert!(sent.starts_with(&text[..text.len() - 1]), "{sent}");
+        assert!(sent.find("\"zeta\"").unwrap() < sent.find("\"alpha\"").unwrap());
+    }
+}
