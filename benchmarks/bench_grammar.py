@@ -6,8 +6,12 @@
    hides). Jump-forward is off here so both variants compute one token per row per step.
 2. Jump-forward on a schema with long fixed keys: output tokens per second at batch 1, on and off.
 3. The first request with a new schema: compile time, and time to the first token uncached vs cached.
+4. (``--serve``) A colocated server: 8 unconstrained streams measure inter-token latency while 100 requests
+   arrive at once, each with a JSON schema no other request has (so every one compiles), against the same run
+   with those 100 unconstrained. Compiling off the engine thread and filling masks beside the forward pass is
+   what keeps the streams moving.
 
-    python -m benchmarks.bench_grammar --model smollm2 --batch 64 --repeats 3
+    python -m benchmarks.bench_grammar --model smollm2 --batch 64 --repeats 3 --serve
 """
 from __future__ import annotations
 
@@ -104,6 +108,66 @@ def first_request(core: EngineCore, schema: dict[str, Any]) -> dict[str, float]:
             "hit": compiled.hit}
 
 
+def _stream_gaps(url: str, body: dict) -> list[float]:
+    import httpx
+    gaps, last = [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+    return gaps
+
+
+def serve_run(url: str, constrained: bool, round_id: int) -> dict[str, float]:
+    """ITL of 8 probe streams while 100 background requests (distinct schemas, or none) run beside them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    probe = {"model": "SmolLM2-135M-Instruct", "max_tokens": 48, "temperature": 0, "ignore_eos": True,
+             "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}]}
+
+    def background(i: int) -> None:
+        schema = {"type": "object", "properties": {f"field_{round_id}_{i}_{k}": {"type": "string", "maxLength": 12}
+                                                   for k in range(3)}}
+        body = {"model": probe["model"], "max_tokens": 48, "temperature": 0,
+                "messages": [{"role": "user", "content": f"Record number {i} as JSON."}]}
+        if constrained:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": f"r{i}", "schema": schema}}
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=600).raise_for_status()
+
+    with ThreadPoolExecutor(116) as pool:
+        probes = [pool.submit(_stream_gaps, url, probe) for _ in range(8)]
+        time.sleep(1.0)  # the probes are decoding when the burst arrives
+        burst = [pool.submit(background, i) for i in range(100)]
+        gaps = [g for f in probes for g in f.result()]
+        for f in burst:
+            f.result()
+    gaps.sort()
+    return {"itl_mean_ms": 1e3 * statistics.mean(gaps), "itl_p99_ms": 1e3 * gaps[int(0.99 * (len(gaps) - 1))],
+            "itl_max_ms": 1e3 * gaps[-1]}
+
+
+def serve_bench(path: Path, repeats: int) -> list[dict[str, Any]]:
+    from benchmarks.common import Process
+    server = Process("engine", ["--model-path", str(path), "--max-running-requests", "128",
+                                "--max-total-tokens", "65536"])
+    try:
+        server.wait_ready("/health")
+        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        for r in range(repeats):
+            for constrained in (False, True):
+                runs[constrained].append(serve_run(server.url, constrained, r))
+    finally:
+        server.stop()
+    rows = [{"variant": f"100 background requests, {'each with its own new schema' if c else 'unconstrained'}",
+             **{k: statistics.median(x[k] for x in runs[c]) for k in runs[c][0]}} for c in (False, True)]
+    rows[1]["itl_vs_unconstrained"] = rows[1]["itl_mean_ms"] / rows[0]["itl_mean_ms"]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -111,6 +175,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--serve", action="store_true", help="also run the server-level burst of distinct schemas")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/grammar.json"))
     args = ap.parse_args()
     path = model_dir(args.model)
@@ -143,8 +208,13 @@ def main() -> None:
     print(table(out, ["variant", "step_ms", "fill_ms", "vs_unconstrained"]))
     print(table(jumps, ["variant", "tok_per_s", "tokens", "steps", "speedup"]))
     print(table(firsts, ["variant", "compile_ms", "ttft_ms", "hit"]))
+    served = []
+    if args.serve:
+        del core, jump_core  # the server gets the cores to itself
+        served = serve_bench(path, args.repeats)
+        print(table(served, ["variant", "itl_mean_ms", "itl_p99_ms", "itl_max_ms", "itl_vs_unconstrained"]))
     write_json(args.out, {"machine": machine(), "model": args.model, "decode": out, "jump_forward": jumps,
-                          "first_request": firsts, "raw": rows})
+                          "first_request": firsts, "served": served, "raw": rows})
 
 
 if __name__ == "__main__":

@@ -77,21 +77,23 @@ class GrammarSpec:
         return cls(kind, text, param)
 
 
-def check_schema(schema: object, param: str) -> None:
-    """Refuse keywords the grammar would not enforce (InvalidRequestError naming the keyword and its path)."""
+def check_schema(schema: object, param: str, where: str | None = None) -> None:
+    """Refuse keywords the grammar would not enforce (InvalidRequestError for the request field ``param``,
+    naming the keyword and its path from ``where``, which defaults to ``param``)."""
+    label = where or param
     stack: list[tuple[object, str]] = [(schema, "")]
     seen = 0
     while stack:
         node, path = stack.pop()
         seen += 1
         if seen > 100_000:
-            raise InvalidRequestError(f"{param} has more than 100000 subschemas", param=param)
+            raise InvalidRequestError(f"{label} has more than 100000 subschemas", param=param)
         if isinstance(node, bool):
             continue
         if not isinstance(node, dict):
-            raise InvalidRequestError(f"{param}{path or ''} must be a schema (an object or a boolean)", param=param)
+            raise InvalidRequestError(f"{label}{path} must be a schema (an object or a boolean)", param=param)
         for key, value in node.items():
-            where = f"{param}{path}.{key}"
+            at = f"{label}{path}.{key}"
             if key in ANNOTATIONS:
                 continue
             if key not in ENFORCED:
@@ -101,13 +103,13 @@ def check_schema(schema: object, param: str) -> None:
                     stack.append((value[0], f"{path}.allOf.0"))
                     continue
                 hint = _HINTS.get(key, "remove it (the grammar would not enforce it)")
-                raise InvalidRequestError(f"{where}: the JSON-schema keyword {key!r} is not supported for structured "
+                raise InvalidRequestError(f"{at}: the JSON-schema keyword {key!r} is not supported for structured "
                                           f"output; {hint}", param=param, code="unsupported_schema")
             if key == "format" and value not in FORMATS:
-                raise InvalidRequestError(f"{where}: format {value!r} is not supported; supported formats: "
+                raise InvalidRequestError(f"{at}: format {value!r} is not supported; supported formats: "
                                           f"{', '.join(sorted(FORMATS))}", param=param, code="unsupported_schema")
             if key == "multipleOf" and node.get("type") != "integer":
-                raise InvalidRequestError(f"{where}: multipleOf is enforced only with \"type\": \"integer\"",
+                raise InvalidRequestError(f"{at}: multipleOf is enforced only with \"type\": \"integer\"",
                                           param=param, code="unsupported_schema")
             if key in _SUBSCHEMA and isinstance(value, (dict, bool)):
                 stack.append((value, f"{path}.{key}"))

@@ -94,7 +94,7 @@ def parse_tools(raw: list[dict[str, Any]]) -> list[Tool]:
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise InvalidRequestError(f"tools.{i}.function.parameters must be a JSON schema", param="tools")
-        check_schema(params, f"tools.{i}.function.parameters")
+        check_schema(params, "tools", f"tools.{i}.function.parameters")
         tools.append(Tool(name, str(fn.get("description") or ""), params))
     return tools
 
@@ -196,6 +196,7 @@ class CallStream:
         self.calls = 0
         self._space = ""  # whitespace-only content held back: an answer of calls and blanks has no content
         self._wrote = False
+        self._after_call = False
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         content, calls = self._feed(text, final)
@@ -208,7 +209,17 @@ class CallStream:
     def _feed(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
         self.buffer += text
         content, calls = "", []
+        sep = self.fmt.separator.strip()
         while self.buffer:
+            if self._after_call:  # blanks and the separator after a call are not content
+                rest = self.buffer.lstrip()
+                if sep and rest.startswith(sep):
+                    self.buffer = rest[len(sep):]
+                    continue
+                if not final and (not rest or (sep and sep.startswith(rest))):
+                    break  # the separator may still be arriving
+                self.buffer, self._after_call = rest, False
+                continue
             start = self.buffer.find(self.fmt.trigger)
             if start < 0:
                 keep = 0 if final else _partial_suffix(self.buffer, self.fmt.trigger)
@@ -228,11 +239,7 @@ class CallStream:
                 content += self.buffer[:end]
             else:
                 calls.append(call)
-                sep = _skip_space(self.buffer, end)
-                if self.fmt.separator.strip() and self.buffer.startswith(self.fmt.separator.strip(), sep):
-                    end = sep + len(self.fmt.separator.strip())
-                elif sep == len(self.buffer) or self.buffer.startswith(self.fmt.trigger, sep):
-                    end = sep  # whitespace between or after calls is not content
+                self._after_call = True
             self.buffer = self.buffer[end:]
         self.calls += len(calls)
         return content, calls

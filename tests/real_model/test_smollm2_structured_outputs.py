@@ -67,6 +67,17 @@ def test_each_of_n_choices_follows_the_schema_on_its_own(smollm2_server: ServerP
     assert len({json.dumps(d, sort_keys=True) for d in docs}) > 1
 
 
+def test_logprobs_of_constrained_output_are_the_models_own(smollm2_server: ServerProcess) -> None:
+    r = client(smollm2_server.url).chat.completions.create(**schema_request(SCHEMA_SEEDS[4], sampled=False),
+                                                           logprobs=True, top_logprobs=2)
+    assert_valid(r, random_schema(SCHEMA_SEEDS[4]))
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens  # one per token: requests with logprobs are never jumped
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in content)
+    assert content[-1].token == "<|im_end|>"  # the grammar's end, where it allowed EOS
+    assert "".join(lp.token for lp in content[:-1]) == r.choices[0].message.content
+
+
 def test_streamed_structured_output_equals_the_whole_answer(smollm2_server: ServerProcess) -> None:
     body = schema_request(SCHEMA_SEEDS[2], sampled=False)
     c = client(smollm2_server.url)

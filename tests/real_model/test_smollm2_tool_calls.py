@@ -2,7 +2,8 @@
 render tools, so ``--tool-call-parser auto`` writes them in the hermes format): a named function and
 ``required`` always give a valid call to a declared tool with arguments that satisfy its schema; ``auto``
 calls are read out of free text; a tool result goes back through the template; streamed calls, assembled by the
-client, equal the whole answer; a server with ``--tool-call-parser none`` refuses tools by name."""
+client, equal the whole answer; a server with ``--tool-call-parser none`` refuses tools by name, and one with a
+1 ms compile deadline refuses a schema with a 400 naming the deadline."""
 from __future__ import annotations
 
 import json
@@ -116,7 +117,7 @@ def test_a_tool_result_round_trip_goes_through_the_template(smollm2_server: Serv
 @pytest.fixture(scope="module")
 def no_parser_server(smollm2: ModelSource) -> Iterator[ServerProcess]:
     srv = ServerProcess("engine", ["--max-total-tokens", "4096", "--tool-call-parser", "none",
-                                   "--served-model-name", SERVED_NAME]).wait_ready()
+                                   "--grammar-compile-timeout", "0.001", "--served-model-name", SERVED_NAME]).wait_ready()
     yield srv
     srv.stop()
 
@@ -125,3 +126,13 @@ def test_tools_without_a_parser_or_template_support_are_refused(no_parser_server
     with pytest.raises(openai.BadRequestError) as e:
         create(no_parser_server.url, messages=ASK, tools=TOOLS)
     assert e.value.body["param"] == "tools" and "--tool-call-parser" in e.value.body["message"]
+
+
+def test_a_grammar_that_misses_its_compile_deadline_is_a_400(no_parser_server: ServerProcess) -> None:
+    """This server allows 1 ms: no JSON schema compiles that fast, so the refusal names the deadline."""
+    with pytest.raises(openai.BadRequestError) as e:
+        create(no_parser_server.url, messages=ASK, response_format={"type": "json_schema", "json_schema": {
+            "name": "w", "schema": WEATHER}})
+    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "grammar_timeout", e.value.body
+    plain = create(no_parser_server.url, messages=ASK, max_tokens=4)  # the server goes on serving
+    assert plain.choices[0].finish_reason == "length"
