@@ -1,31 +1,41 @@
 """A step's token bitmask for its constrained rows, filled on a helper thread while the forward pass runs, and
-applied to the logits once both are done. Filling costs ~2-200 us per row depending on the grammar state (xgrammar
-caches the masks of context-free positions at compile time); the forward pass of a step takes tens of
-milliseconds, so the fill is hidden behind it. A row whose fill fails is reported for that row alone."""
+applied to the logits once both are done (as one bool per token, unpacked on the helper thread too). Filling
+costs ~2-200 us per row depending on the grammar state (xgrammar caches the masks of context-free positions at
+compile time); the forward pass of a step takes tens of milliseconds, so the fill is hidden behind it. A row whose fill fails is reported for that row alone."""
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+
 import torch
 
 from engine.grammar.state import GrammarState
 
 
-class StepMask:
-    """Which logits rows are constrained and their filled bitmask (``errors``: rows whose fill failed)."""
+_SHIFTS = torch.arange(32, dtype=torch.int32)
 
-    def __init__(self, rows: list[int], bitmask: torch.Tensor, errors: dict[int, Exception], seconds: float) -> None:
+
+class StepMask:
+    """Which logits rows are constrained, their filled bitmask (``errors``: rows whose fill failed), and the
+    bitmask unpacked to one bool per token for the rows that filled (``allowed``), also done beside the forward
+    pass: unpacking 64 rows of a 49k vocabulary takes ~4 ms, xgrammar's CPU apply kernel ~13 ms."""
+
+    def __init__(self, rows: list[int], allowed: torch.Tensor, errors: dict[int, Exception], seconds: float) -> None:
         self.rows = rows
-        self.bitmask = bitmask
+        self.filled = [r for r in rows if r not in errors]
+        self.allowed = allowed  # [len(filled), vocab] bool
         self.errors = errors
-        self.seconds = seconds  # how long the fill took (on its own thread, beside the forward pass)
+        self.seconds = seconds  # how long fill and unpack took (on their own thread, beside the forward pass)
 
     def apply(self, logits: torch.Tensor) -> None:
         """Disallowed tokens' logits become -inf, in place, on the constrained rows that filled."""
-        import xgrammar as xgr
-        rows = [r for r in self.rows if r not in self.errors]
-        if rows:
-            xgr.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=logits.shape[-1], indices=rows)
+        if not self.filled:
+            return
+        if len(self.filled) == logits.shape[0]:
+            logits.masked_fill_(~self.allowed, float("-inf"))
+        else:
+            idx = torch.tensor(self.filled, dtype=torch.long)
+            logits[idx] = logits[idx].masked_fill(~self.allowed, float("-inf"))
 
 
 class MaskFiller:
@@ -50,7 +60,9 @@ class MaskFiller:
                 states[row].fill(bitmask, row)  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 - this request's grammar, not the step's
                 errors[row] = e
-        return StepMask(rows, bitmask, errors, time.perf_counter() - start)
+        words = bitmask[[r for r in rows if r not in errors]]
+        allowed = ((words.unsqueeze(-1) >> _SHIFTS) & 1).bool().view(words.shape[0], -1)[:, :self.vocab_size]
+        return StepMask(rows, allowed, errors, time.perf_counter() - start)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

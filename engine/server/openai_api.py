@@ -15,7 +15,7 @@ from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error, sse_guarded
 from engine.server import tools as tools_mod
 from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
-from engine.server.tools import Tool, ToolFormat
+from engine.server.tools import ToolFormat
 from engine.engine_core import StepOutput
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, compile_grammar,
                                    prompt_from_chat, prompt_from_text, request_id, start_stream, usage)
@@ -197,31 +197,18 @@ async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput
     yield "data: [DONE]\n\n"
 
 
-def _tool_plan(ctx: ServingContext, body: ChatCompletionRequest,
-               tools: list[Tool]) -> tuple[ToolFormat | None, str, list[Tool]]:
-    """The tool-call format, the tool_choice mode and the tools a call may use (refusals name the field)."""
-    mode, allowed = tools_mod.chosen(tools, body.tool_choice)
-    needs_tools = tools or any(m.tool_calls or m.role == "tool" for m in body.messages)
-    if not needs_tools:
-        return None, mode, allowed
-    tok = ctx.core.tokenizer
-    fmt = tools_mod.pick_format(ctx.core.cfg.grammar.tool_call_parser, getattr(tok.hf, "chat_template", None))
-    if fmt is None and (mode != "none" or not tok.renders_tools):
-        raise InvalidRequestError("this model's chat template does not render tools and no --tool-call-parser "
-                                  "is set, so tool calls cannot be written or read; start the server with "
-                                  "--tool-call-parser hermes or llama3_json", param="tools",
-                                  code="unsupported_parameter")
-    return fmt, mode, allowed
-
-
 async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest, ctx: ServingContext):  # noqa: ANN201
     ctx.check_model(body.model)
     if not body.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
-    tools = tools_mod.parse_tools(body.tools) if body.tools else []
-    fmt, mode, allowed = _tool_plan(ctx, body, tools)
-    messages, native_tools = tools_mod.template_messages([m.as_template_dict() for m in body.messages], fmt, tools,
-                                                         ctx.core.tokenizer.renders_tools)
+    tok = ctx.core.tokenizer
+    fmt, tools, messages, native_tools = tools_mod.chat_inputs(
+        [m.as_template_dict() for m in body.messages], body.tools, ctx.core.cfg.grammar.tool_call_parser,
+        getattr(tok.hf, "chat_template", None), tok.renders_tools)
+    mode, allowed = tools_mod.chosen(tools, body.tool_choice)
+    if mode != "none" and fmt is None:
+        raise InvalidRequestError(f"tool_choice={mode!r} needs a --tool-call-parser to read calls back",
+                                  param="tool_choice", code="unsupported_parameter")
     ids = await prompt_from_chat(ctx, messages, body.add_generation_prompt, native_tools)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -229,7 +216,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = body.sampling_params(max_tokens, logprobs)
     calls = None
-    if fmt is not None and mode != "none":
+    if mode != "none":
+        assert fmt is not None
         if params.grammar is not None:
             raise InvalidRequestError(f"tool_choice={mode!r} constrains the output itself; it cannot be combined "
                                       f"with {params.grammar.param}", param=params.grammar.param)

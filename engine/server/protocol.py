@@ -351,6 +351,7 @@ class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None  # rendered as the chat endpoint renders them
     add_special_tokens: StrictBool | None = None  # default: true for a prompt, false for messages (vLLM's)
     add_generation_prompt: StrictBool = True
     return_token_strs: StrictBool = False

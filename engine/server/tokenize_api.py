@@ -1,5 +1,6 @@
 """``/tokenize`` and ``/detokenize`` in vLLM's request and response shapes: text or chat messages to the ids the
-server would compute on, and ids back to text."""
+server would compute on (chat messages and tools rendered exactly as /v1/chat/completions renders them), and ids
+back to text."""
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
@@ -7,6 +8,7 @@ from fastapi.responses import JSONResponse
 from engine.sampling_params import InvalidRequestError
 from engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from engine.server.serving import ServingContext, off_loop
+from engine.server.tools import chat_inputs
 
 
 async def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
@@ -19,9 +21,11 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
     if body.messages is not None:
         if not body.messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
-        messages = [m.as_template_dict() for m in body.messages]
+        _, _, messages, native_tools = chat_inputs(
+            [m.as_template_dict() for m in body.messages], body.tools, ctx.core.cfg.grammar.tool_call_parser,
+            getattr(tok.hf, "chat_template", None), tok.renders_tools)
         chars = sum(len(m["content"]) for m in messages)
-        text = await off_loop(chars, tok.render_chat, messages, body.add_generation_prompt)
+        text = await off_loop(chars, tok.render_chat, messages, body.add_generation_prompt, native_tools)
         # vLLM's default for chat is False: the template already holds the special tokens
         ids = await off_loop(len(text), tok.encode, text, bool(body.add_special_tokens))
     else:

@@ -253,6 +253,24 @@ def _partial_suffix(text: str, trigger: str) -> int:
     return 0
 
 
+def chat_inputs(messages: list[dict[str, Any]], raw_tools: list[dict[str, Any]] | None, parser: str,
+                chat_template: str | None, renders_tools: bool
+                ) -> tuple[ToolFormat | None, list[Tool], list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(the tool-call format, the tools, the messages and the ``tools`` argument for the chat template): what the
+    chat endpoint and /tokenize both render. Tools, or tool turns in the history, need a format or a template
+    that renders them (else a 400 naming ``--tool-call-parser``)."""
+    tools = parse_tools(raw_tools) if raw_tools else []
+    needs = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    fmt = pick_format(parser, chat_template) if needs else None
+    if needs and fmt is None and not renders_tools:
+        raise InvalidRequestError("this model's chat template does not render tools and no --tool-call-parser is "
+                                  "set, so tool calls cannot be written or read; start the server with "
+                                  "--tool-call-parser hermes or llama3_json", param="tools",
+                                  code="unsupported_parameter")
+    rendered, native = template_messages(messages, fmt, tools, renders_tools)
+    return fmt, tools, rendered, native
+
+
 def template_messages(messages: list[dict[str, Any]], fmt: ToolFormat | None, tools: list[Tool],
                       native: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages for the chat template, and the ``tools`` argument for a template that renders tools itself.

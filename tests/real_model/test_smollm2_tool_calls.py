@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -105,8 +106,11 @@ def test_a_tool_result_round_trip_goes_through_the_template(smollm2_server: Serv
                      {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18})}]
     answer = create(smollm2_server.url, messages=history, tools=TOOLS, tool_choice="none", max_tokens=40)
     assert answer.choices[0].message.content
-    # the call and its result are in the prompt now
+    # the call and its result are in the prompt now, and /tokenize renders the history the same way
     assert answer.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+    counted = httpx.post(smollm2_server.url + "/tokenize", timeout=60, json={
+        "model": SERVED_NAME, "messages": history, "tools": TOOLS}).json()
+    assert counted["count"] == answer.usage.prompt_tokens, counted
     with pytest.raises(openai.BadRequestError) as e:  # an earlier call whose arguments are not JSON
         bad = {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "function": {
             "name": "get_weather", "arguments": "{not json"}}]}
