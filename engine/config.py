@@ -103,7 +103,8 @@ class GrammarConfig:
     tool_call_parser: str = field(default="auto", metadata={
         "help": "how tool calls are written and read back: hermes (<tool_call> blocks, ChatML models), llama3_json, "
                 "auto (from the chat template: ChatML or <tool_call> -> hermes, Llama 3 -> llama3_json), or none "
-                "(requests with tools are refused unless the template renders tools itself)",
+                "(requests with tools are refused unless the template renders tools itself); it shapes the prompt, so "
+                "prefill and decode workers must agree",
         "choices": ("auto", "hermes", "llama3_json", "none")})
 
 

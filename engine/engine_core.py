@@ -280,11 +280,13 @@ class EngineCore:
         if req.grammar.terminated:
             self.scheduler.finish(req, "stop")
             return 0
-        if not self.cfg.grammar.jump_forward or req.sampling.logprobs is not None:
-            return 0
+        sp = req.sampling
+        if not self.cfg.grammar.jump_forward or sp.logprobs is not None or sp.logit_bias or sp.stop:
+            return 0  # jumped tokens get no logprobs, no bias, and may run past a stop string
         limit = req.max_new_tokens - len(req.output_ids) - 1  # leave the last token to the model (length)
         tokens = req.grammar.jump_forward(lambda text: self.tokenizer.encode(text, add_special_tokens=False),
-                                          self.tokenizer.token_text, req.output_ids[-1], self._special_ids, limit)
+                                          self.tokenizer.token_text, req.output_ids[-1],
+                                          self._special_ids | frozenset(sp.stop_token_ids), limit)
         if tokens and not self.scheduler.append_forced(req, tokens):
             req.grammar.rollback(len(tokens))
             return 0
@@ -348,9 +350,9 @@ class EngineCore:
         if req.grammar is not None:
             try:
                 req.grammar.accept(first_token)
-            except GrammarRejected as e:
+                jumped = self._follow_grammar(req)
+            except Exception as e:  # noqa: BLE001 - this request's grammar (or its peer's token), not the step's
                 return self.fail_request(req, "sampling", e)
-            jumped = self._follow_grammar(req)
         return self.token_output(req, lp, jumped)
 
     def end(self, req: Request, reason: Abort) -> StepOutput:

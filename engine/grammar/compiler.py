@@ -50,7 +50,8 @@ class GrammarCache:
         self.stop_token_ids = stop_token_ids
         self.capacity = capacity
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache and the pending futures
+        self._build_lock = threading.Lock()  # building the compiler, once
         self._done: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._pending: dict[GrammarSpec, Future[Compiled]] = {}
         self._compiler: Any = None  # built on first use: the vocabulary scan takes ~0.1 s
@@ -81,20 +82,23 @@ class GrammarCache:
     def _compile(self, spec: GrammarSpec) -> Compiled:
         start = time.perf_counter()
         try:
-            grammar = self._build(spec)
-        except InvalidRequestError:
-            raise
-        except Exception as e:  # noqa: BLE001 - xgrammar reports bad grammars with RuntimeError and others
-            raise InvalidRequestError(f"{spec.param} does not compile: {_first_line(e)}", param=spec.param,
-                                      code="invalid_grammar") from None
-        finally:
+            try:
+                grammar = self._build(spec)
+            except InvalidRequestError:
+                raise
+            except Exception as e:  # noqa: BLE001 - xgrammar reports bad grammars with RuntimeError and others
+                raise InvalidRequestError(f"{spec.param} does not compile: {_first_line(e)}", param=spec.param,
+                                          code="invalid_grammar") from None
+        except BaseException:
             with self._lock:
                 self._pending.pop(spec, None)
+            raise
         seconds = time.perf_counter() - start
-        with self._lock:
+        with self._lock:  # cached before it stops being pending: a request arriving now finds one or the other
             self._done[spec] = grammar
             while len(self._done) > self.capacity:
                 self._done.popitem(last=False)
+            self._pending.pop(spec, None)
         return Compiled(grammar, seconds, False)
 
     def _build(self, spec: GrammarSpec) -> Grammar:
@@ -110,7 +114,7 @@ class GrammarCache:
         return Grammar(compiler.compile_structural_tag(json.loads(spec.text)))
 
     def _xgrammar_compiler(self) -> Any:
-        with self._lock:
+        with self._build_lock:  # not self._lock: submit() takes that one on the event loop
             if self._compiler is None:
                 import xgrammar as xgr
                 info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,

@@ -31,11 +31,12 @@ class StepMask:
         """Disallowed tokens' logits become -inf, in place, on the constrained rows that filled."""
         if not self.filled:
             return
+        banned = ~self.allowed.to(logits.device, non_blocking=True)
         if len(self.filled) == logits.shape[0]:
-            logits.masked_fill_(~self.allowed, float("-inf"))
+            logits.masked_fill_(banned, float("-inf"))
         else:
-            idx = torch.tensor(self.filled, dtype=torch.long)
-            logits[idx] = logits[idx].masked_fill(~self.allowed, float("-inf"))
+            idx = torch.tensor(self.filled, dtype=torch.long, device=logits.device)
+            logits[idx] = logits[idx].masked_fill(banned, float("-inf"))
 
 
 class MaskFiller:
@@ -61,7 +62,8 @@ class MaskFiller:
             except Exception as e:  # noqa: BLE001 - this request's grammar, not the step's
                 errors[row] = e
         words = bitmask[[r for r in rows if r not in errors]]
-        allowed = ((words.unsqueeze(-1) >> _SHIFTS) & 1).bool().view(words.shape[0], -1)[:, :self.vocab_size]
+        allowed = ((words.unsqueeze(-1) >> _SHIFTS) & 1).bool().reshape(words.shape[0], 32 * words.shape[1])
+        allowed = allowed[:, :self.vocab_size]
         return StepMask(rows, allowed, errors, time.perf_counter() - start)
 
     def close(self) -> None:

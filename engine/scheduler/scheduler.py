@@ -2,7 +2,8 @@
 
 Every running request computes its tokens (prompt, then output) from ``kv_len`` on: a decode is the case of one
 remaining token; a prefill is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token
-budget. Decodes go first, so a long prompt never stalls running streams. Admission allocates a request's pages
+budget. Decodes go first, so a long prompt never stalls running streams; so do short runs of output tokens
+(``append_forced``: a grammar's jump-forward), outside the budget. Admission allocates a request's pages
 up front; decode pages are added at page boundaries, and when memory runs out the newest request is retracted
 (its pages released, the request requeued with its output so far) so older ones can finish.
 
@@ -21,6 +22,8 @@ from engine.request import Abort, Request, Status
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.kv_manager import KVManager
 from engine.scheduler.policy import order_waiting
+
+FORCED_RUN_MAX = 64  # output tokens computed in one step with the decodes, outside the prefill budget
 
 
 class Scheduler:
@@ -133,15 +136,21 @@ class Scheduler:
         seqs: list[ScheduledSeq] = []
         budget = self.cfg.max_prefill_tokens
         for req in self.running:
-            if req.remaining == 1:
-                seqs.append(ScheduledSeq(req, req.kv_len, 1, True))
+            if req.remaining == 1 or self._forced_run(req):
+                seqs.append(ScheduledSeq(req, req.kv_len, req.remaining, True))
         for req in self.running:
-            if req.remaining > 1 and budget > 0:
+            if req.remaining > 1 and budget > 0 and not self._forced_run(req):
                 n = self._chunk(req.remaining, budget, first=budget == self.cfg.max_prefill_tokens)
                 seqs.append(ScheduledSeq(req, req.kv_len, n, n == req.remaining))
                 budget -= n
         budget = self._admit(seqs, budget)
         return ScheduledBatch(seqs) if seqs else None
+
+    @staticmethod
+    def _forced_run(req: Request) -> bool:
+        """A few output tokens to compute at once (a grammar's forced continuation, or the tail of a retracted
+        request's output): they go with the decodes, so a stream never waits behind other requests' prompts."""
+        return 1 < req.remaining <= FORCED_RUN_MAX and req.kv_len >= len(req.prompt_ids)
 
     def _chunk(self, remaining: int, budget: int, first: bool) -> int:
         """Tokens of a prefill to run this step; ``first`` means no other prefill is in the step yet."""

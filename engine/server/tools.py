@@ -110,7 +110,11 @@ def chosen(tools: list[Tool], tool_choice: str | dict[str, Any] | None) -> tuple
         if tool_choice != "none" and not tools:
             raise InvalidRequestError(f"tool_choice={tool_choice!r} needs tools", param="tool_choice")
         return tool_choice, tools
-    name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) and tool_choice.get("type") == "function" else None
+    if not isinstance(name, str):
+        raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                  '"function": {"name": ...}}', param="tool_choice")
     match = [t for t in tools if t.name == name]
     if not match:
         raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not among the tools",
@@ -123,7 +127,8 @@ def grammar_for(fmt: ToolFormat, mode: str, tools: list[Tool], parallel: bool) -
     if mode == "none":
         return None
     tags = [{"type": "tag", "begin": fmt.begin(t.name), "end": fmt.end,
-             "content": {"type": "json_schema", "json_schema": t.parameters}} for t in tools]
+             "content": {"type": "json_schema", "json_schema": t.parameters, "max_whitespace_cnt": 1}}
+            for t in tools]  # at most one blank between tokens: a weak model cannot loop in whitespace
     if mode == "named":
         form: dict[str, Any] = tags[0]
     elif mode == "required":  # calls only, nothing around them
@@ -165,7 +170,9 @@ def _read_call(text: str, fmt: ToolFormat, names: set[str]) -> tuple[ToolCall | 
     tool) and where the block ends; None if the block is not complete yet (or never can be)."""
     body = len("<tool_call>") if fmt.name == "hermes" else 0
     try:
-        obj, end = json.JSONDecoder().raw_decode(text, _skip_space(text, body))
+        # strict=False: a raw control character inside a string (the call grammar allows one) is read, and the
+        # arguments are written back out escaped
+        obj, end = json.JSONDecoder(strict=False).raw_decode(text, _skip_space(text, body))
     except ValueError:
         return None
     call = _call(obj, fmt, names)

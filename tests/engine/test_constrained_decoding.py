@@ -97,3 +97,19 @@ def test_requests_sharing_a_grammar_follow_it_independently(tiny_model_dir: Path
     assert all(re.fullmatch(r"(yes|no) because [a-z ]{5,40}\.", t) for t in texts), texts
     assert len(set(texts)) > 1
 
+
+
+def test_a_mask_whose_every_row_failed_to_fill_leaves_the_logits_alone() -> None:
+    import torch
+
+    from engine.grammar.masks import MaskFiller
+
+    class Broken:
+        def fill(self, bitmask, row):  # noqa: ANN001, ANN202
+            raise RuntimeError("matcher already terminated")
+
+    mask = MaskFiller(100).start([None, Broken()]).result()
+    assert list(mask.errors) == [1] and mask.filled == []
+    logits = torch.zeros(2, 100)
+    mask.apply(logits)
+    assert torch.equal(logits, torch.zeros(2, 100))

@@ -64,6 +64,21 @@ def test_long_prefill_is_chunked_and_never_stalls_running_decodes() -> None:
     assert len(a.output_ids) == 1 + chunks and long.kv_len == 100
 
 
+def test_forced_output_tokens_run_with_the_decodes_even_when_prompts_fill_the_budget() -> None:
+    s = make_scheduler(chunk=16, budget=16)
+    a = make_req("a", 5, max_new=50)
+    s.add(a)
+    step(s)
+    s.add(make_req("long", list(range(1000, 1100)), max_new=2))
+    step(s)  # the long prompt now takes the whole prefill budget every step
+    assert s.append_forced(a, [11, 12, 13, 14])  # a grammar's fixed continuation
+    batch = step(s)
+    by_req = {seq.req.rid: seq for seq in batch.seqs}
+    assert by_req["a"].num_tokens == 5 and by_req["a"].sample, "the forced run and the next token, in one step"
+    assert by_req["long"].num_tokens == 16  # the prompt's chunk kept its budget
+    assert a.output_ids[-5:-1] == [11, 12, 13, 14] and a.remaining == 1
+
+
 def test_prefill_budget_is_shared_across_new_requests() -> None:
     s = make_scheduler(chunk=16, budget=20)
     for i in range(3):

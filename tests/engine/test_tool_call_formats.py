@@ -88,3 +88,14 @@ def test_tool_choice_modes_become_structural_tags() -> None:
     assert forms["required"]["type"] == "tags_with_separator" and forms["required"]["stop_after_first"]
     assert json.loads(grammar_for(fmt, "named", allowed, True).text)["format"]["begin"].startswith("<tool_call>")
     assert grammar_for(fmt, "none", tools, True) is None
+
+
+def test_a_malformed_tool_choice_is_a_400_and_raw_control_characters_in_arguments_still_parse() -> None:
+    tools = parse_tools([{"type": "function", "function": {"name": "get_time"}}])
+    for bad in ({"type": "function", "function": "get_time"}, {"type": "function"}, {"function": {"name": 3}}):
+        with pytest.raises(InvalidRequestError) as e:
+            chosen(tools, bad)
+        assert e.value.param == "tool_choice"
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"city": "a\tb"}}\n</tool_call>'  # a raw tab
+    _, calls = extract_calls(text, FORMATS["hermes"], NAMES)
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "a\tb"}] and "\\t" in calls[0].arguments
