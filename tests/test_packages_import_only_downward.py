@@ -12,14 +12,15 @@ from tests.helpers import REPO
 BELOW: dict[str, set[str]] = {
     "configflags": set(),
     "router": set(),
+    "frontend": set(),  # programs over HTTP: no engine, no torch
     "engine": {"configflags"},
     "kv_transfer": {"configflags"},
     "prefill_worker": {"configflags", "engine", "kv_transfer"},
     "decode_worker": {"configflags", "engine", "kv_transfer"},
     "deploy": {"configflags", "engine", "kv_transfer", "router"},
-    "benchmarks": {"configflags", "engine", "kv_transfer", "router", "deploy"},
+    "benchmarks": {"configflags", "engine", "kv_transfer", "router", "deploy", "frontend"},
     "splitserve": {"configflags", "engine", "kv_transfer", "router", "deploy", "benchmarks", "prefill_worker",
-                   "decode_worker"},
+                   "decode_worker", "frontend"},
 }
 
 

@@ -2,7 +2,8 @@
 
 xgrammar compiles a grammar against the tokenizer's vocabulary once (a JSON schema in ~5-10 ms here, a large
 EBNF in far more); the result is immutable and shared by every request that asks for the same text, each with
-its own matcher. The cache is an LRU bounded by entry count; a text being compiled is compiled once however
+its own matcher. The cache is an LRU bounded by entry count (texts that did not compile are remembered too, so a
+client repeating one costs nothing); a text being compiled is compiled once however
 many requests ask for it at the same moment (they share one future). Compilation runs on a small thread pool:
 callers (the HTTP layer) wait on the future with a deadline, so a slow grammar delays only its own requests and
 never the running batch. A grammar that does not compile is an InvalidRequestError naming the request field."""
@@ -53,6 +54,7 @@ class GrammarCache:
         self._lock = threading.Lock()  # the cache and the pending futures
         self._build_lock = threading.Lock()  # building the compiler, once
         self._done: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._failed: OrderedDict[GrammarSpec, InvalidRequestError] = OrderedDict()  # refused again without work
         self._pending: dict[GrammarSpec, Future[Compiled]] = {}
         self._compiler: Any = None  # built on first use: the vocabulary scan takes ~0.1 s
         self._json_tokens: Any = None  # the bitmask row of tokens without control bytes
@@ -65,6 +67,11 @@ class GrammarCache:
                 self._done.move_to_end(spec)
                 fut: Future[Compiled] = Future()
                 fut.set_result(Compiled(grammar, 0.0, True))
+                return fut
+            error = self._failed.get(spec)
+            if error is not None:
+                fut = Future()
+                fut.set_exception(InvalidRequestError(str(error), param=error.param, code=error.code))
                 return fut
             fut = self._pending.get(spec)
             if fut is None:
@@ -89,8 +96,12 @@ class GrammarCache:
             except Exception as e:  # noqa: BLE001 - xgrammar reports bad grammars with RuntimeError and others
                 raise InvalidRequestError(f"{spec.param} does not compile: {_first_line(e)}", param=spec.param,
                                           code="invalid_grammar") from None
-        except BaseException:
+        except BaseException as e:
             with self._lock:
+                if isinstance(e, InvalidRequestError):
+                    self._failed[spec] = e
+                    while len(self._failed) > self.capacity:
+                        self._failed.popitem(last=False)
                 self._pending.pop(spec, None)
             raise
         seconds = time.perf_counter() - start

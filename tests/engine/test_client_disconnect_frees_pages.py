@@ -1,5 +1,5 @@
 """A client that goes away mid-stream (or mid-wait) aborts its request: it stops running and every page it
-held goes back, so after a cache flush the pool is at its idle size."""
+held goes back, so after a cache flush the pool is at its idle size; constrained streams too."""
 from __future__ import annotations
 
 import time
@@ -36,6 +36,31 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: ServerProcess) -> 
     assert httpx.get(server.url + "/get_load").json()["running"] <= 1
     wait_idle(server)
     assert pool_after_flush(server) == 0
+
+
+def test_constrained_streams_cut_mid_structure_free_their_pages(server: ServerProcess) -> None:
+    """Constrained requests (jump-forward appending tokens ahead of the model) aborted mid-document, while
+    unconstrained ones run beside them, leave nothing behind."""
+    wait_idle(server)
+    schema = {"type": "object", "properties": {f"a_rather_long_field_name_{i}": {"type": "string", "maxLength": 200}
+                                               for i in range(6)}, "required": [f"a_rather_long_field_name_{i}"
+                                                                                for i in range(6)]}
+    bodies = [{"prompt": f"Record {i}:", "max_tokens": 2000, "stream": True, "temperature": 1.0, "seed": i,
+               **({"json_schema": schema} if i % 2 == 0 else {"ignore_eos": True})} for i in range(6)]
+    streams = [httpx.stream("POST", server.url + "/v1/completions", json=b, timeout=60) for b in bodies]
+    for cm in streams:
+        r = cm.__enter__()
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 4:
+                break
+        cm.__exit__(None, None, None)
+    wait_idle(server)
+    assert pool_after_flush(server) == 0
+    done = httpx.post(server.url + "/v1/completions", json={**bodies[0], "stream": False, "max_tokens": 2000},
+                      timeout=120).json()  # and the same schema still answers in full afterwards
+    assert done["choices"][0]["finish_reason"] in ("stop", "length")
 
 
 def test_non_streaming_client_timeout_aborts_the_request(server: ServerProcess) -> None:

@@ -116,6 +116,8 @@ def test_a_schema_that_does_not_compile_is_a_client_error(grammars: GrammarCache
         with pytest.raises(InvalidRequestError) as e:
             grammars.compile(spec)
         assert e.value.param == spec.param and "does not compile" in str(e.value) and ".cc:" not in str(e.value)
+        fut = grammars.submit(spec)  # remembered: refused again at once, with the same message
+        assert fut.done() and str(fut.exception()) == str(e.value)
 
 
 def test_compiled_grammars_are_cached_by_text_and_bounded(grammars: GrammarCache) -> None:
