@@ -3,7 +3,9 @@
 appends the ids the server produced, so nothing is re-tokenized and every shared prefix is a cache hit."""
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,13 +32,17 @@ class Endpoint:
         except httpx.HTTPError as e:
             raise ServerError(f"{type(e).__name__}: {e}", status=0, site=site) from None
         if r.status_code >= 400:
-            try:
-                err = r.json().get("error", {})
-            except ValueError:
-                err = {"message": r.text[:500]}
-            raise ServerError(str(err.get("message")), status=r.status_code, site=site, param=err.get("param"),
-                              code=err.get("code"))
+            self._raise(r, site)
         return r.json()
+
+    @staticmethod
+    def _raise(r: httpx.Response, site: str) -> None:
+        try:
+            err = r.json().get("error", {})
+        except ValueError:
+            err = {"message": r.text[:500]}
+        raise ServerError(str(err.get("message")), status=r.status_code, site=site, param=err.get("param"),
+                          code=err.get("code"))
 
     @property
     def model(self) -> str:
@@ -84,6 +90,32 @@ class Endpoint:
 
     def generate(self, ids: list[int], params: dict[str, Any], site: str) -> dict[str, Any]:
         return self._post("/generate", {"input_ids": ids, "sampling_params": params}, site)
+
+    def generate_stream(self, ids: list[int], params: dict[str, Any], site: str) -> Iterator[tuple[str, Any]]:
+        """("text", new text) as it is generated, then ("done", the last chunk: text, output_ids, meta_info)."""
+        body = {"input_ids": ids, "sampling_params": params, "stream": True}
+        try:
+            with self._http.stream("POST", "/generate", json=body) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    self._raise(r, site)
+                seen, last = "", None
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if "error" in chunk:
+                        err = chunk["error"]
+                        raise ServerError(str(err.get("message")), status=500, site=site, code=err.get("code"))
+                    if chunk["text"] != seen:
+                        yield "text", chunk["text"][len(seen):]
+                        seen = chunk["text"]
+                    last = chunk
+        except httpx.HTTPError as e:
+            raise ServerError(f"{type(e).__name__}: {e}", status=0, site=site) from None
+        if last is None:
+            raise ServerError("the stream ended before any result", status=0, site=site)
+        yield "done", last
 
     def continuation_logprobs(self, ids: list[int], choices: list[list[int]], site: str) -> list[list[float]]:
         """For each choice, the log-probabilities of its tokens after ``ids``, in one request (the prompt

@@ -20,8 +20,9 @@ _DONE = object()
 
 class ProgramState:
     def __init__(self, backend: Endpoint, ids: list[int] | None = None, text: str = "",
-                 variables: dict[str, Any] | None = None) -> None:
+                 variables: dict[str, Any] | None = None, stream: bool = False) -> None:
         self.backend = backend
+        self._events: queue.Queue[str | None] | None = queue.Queue() if stream else None
         self._ids = list(ids or [])
         self._text = text
         self._vars: dict[str, Any] = dict(variables or {})
@@ -111,6 +112,20 @@ class ProgramState:
         self.sync()
         return dict(self._vars)
 
+    def events(self) -> Iterator[str]:
+        """Text as it is appended and generated, until end_stream (a state made with ``stream=True``)."""
+        assert self._events is not None, "this state was not made to stream"
+        while (chunk := self._events.get()) is not None:
+            yield chunk
+
+    def end_stream(self) -> None:
+        if self._events is not None:
+            self._events.put(None)
+
+    def _emit(self, text: str) -> None:
+        if self._events is not None and text:
+            self._events.put(text)
+
     # -- the worker --------------------------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
@@ -129,6 +144,7 @@ class ProgramState:
         if text:
             self._ids += self.backend.tokenize(text, site)
             self._text += text
+            self._emit(text)
 
     def _run(self, item: Any) -> None:
         if isinstance(item, Text):
@@ -142,7 +158,14 @@ class ProgramState:
             self._select(item)
 
     def _gen(self, op: Gen) -> None:
-        out = self.backend.generate(self._ids, op.params, op.site)
+        if self._events is None:
+            out = self.backend.generate(self._ids, op.params, op.site)
+        else:
+            for kind, value in self.backend.generate_stream(self._ids, op.params, op.site):
+                if kind == "text":
+                    self._emit(value)
+                else:
+                    out = value
         meta = out["meta_info"]
         reason = meta.get("finish_reason") or {}
         matched = reason.get("matched")
@@ -166,6 +189,7 @@ class ProgramState:
         best = max(range(len(scores)), key=lambda i: (scores[i], -i))
         self._ids += choices[best]
         self._text += op.choices[best]
+        self._emit(op.choices[best])
         self._vars[op.name] = op.choices[best]
         self._meta[op.name] = {"scores": dict(zip(op.choices, scores)),
                                "logprob": scores[best] if not math.isnan(scores[best]) else None}

@@ -143,3 +143,29 @@ def test_errors_name_the_program_line(smollm2_server: ServerProcess) -> None:
 def test_the_frontend_imports_without_torch() -> None:
     code = "import sys, frontend; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_a_streamed_run_yields_the_text_of_a_whole_run(smollm2_server: ServerProcess) -> None:
+    ep = Endpoint(smollm2_server.url)
+    args = {"question_1": "Name a colour.", "question_2": "Name another."}
+    chunks = list(multi_turn_question.stream(backend=ep, **args))
+    assert len(chunks) > 10  # generated text arrives piece by piece
+    assert "".join(chunks) == multi_turn_question.run(backend=ep, **args).text()
+
+
+def test_a_program_traces_without_a_server() -> None:
+    @function
+    def branches(s) -> None:  # noqa: ANN001
+        with s.user():
+            s += "Pick a number."
+        forks = s.fork(2)
+        for f in forks:
+            f += gen("n", max_tokens=4)
+        s += "Chosen: " + forks[0]["n"]
+
+    nodes = branches.trace()
+    kinds = [n["kind"] for n in nodes]
+    assert kinds == ["role", "text", "role", "fork", "gen", "gen", "text"], kinds
+    fork = nodes[3]
+    assert [n["after"] for n in nodes if n["kind"] == "gen"] == [fork["id"], fork["id"]]  # both follow the fork
+    assert nodes[-1]["text"] == "Chosen: <n>" and nodes[-1]["after"] == fork["id"]  # a read is a placeholder

@@ -2,7 +2,7 @@
 the first token under the grammar, the decode worker rebuilds the matcher from the grammar and that token and
 goes on (jump-forward included), so the 20 seeded schemas give the colocated server's exact greedy answers, and
 sampled ones sent together all validate; a regex through /generate matches; a bad grammar is refused by the router's workers
-with the same 400; forced tool calls equal the colocated ones; both pools end idle."""
+with the same 400; forced tool calls and a frontend program equal the colocated ones; both pools end idle."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -68,5 +68,17 @@ def test_tool_calls_through_pd_equal_colocated(real_cluster: Cluster) -> None:
                    for url in (real_cluster.router.url, real_cluster.colocated.url)]
         pd, ref = (valid_calls(a.choices[0].message) for a in answers)
         assert pd == ref and pd and answers[0].choices[0].finish_reason == "tool_calls"
+    wait_pool_idle(real_cluster.prefill)
+    wait_pool_idle(real_cluster.decode)
+
+
+def test_a_frontend_program_through_pd_equals_colocated(real_cluster: Cluster) -> None:
+    from frontend import Endpoint
+    from tests.real_model.test_frontend_programs import multi_turn_question
+    args = {"question_1": "What is the capital of Italy?", "question_2": "Name one dish from there."}
+    pd, ref = (multi_turn_question.run(backend=Endpoint(url), **args)
+               for url in (real_cluster.router.url, real_cluster.colocated.url))
+    assert pd.token_ids() == ref.token_ids() and pd["answer_2"]
+    assert pd.meta("answer_2")["cached_tokens"] > 0  # the decode worker's cache held the first turn
     wait_pool_idle(real_cluster.prefill)
     wait_pool_idle(real_cluster.decode)
