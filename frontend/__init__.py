@@ -15,11 +15,11 @@ sequence so far, so the server's radix cache serves every shared prefix. No torc
     state = qa.run(question="What is the capital of France?", backend=Endpoint("http://127.0.0.1:8000"))
     print(state["answer"])
 """
-from frontend.backend import Endpoint
+from frontend.backend import Endpoint, OpenAICompatible
 from frontend.errors import FrontendError, ServerError, UnsupportedError
 from frontend.ops import gen, image, select
 from frontend.program import Program, function
 from frontend.state import ProgramState
 
-__all__ = ["Endpoint", "FrontendError", "Program", "ProgramState", "ServerError", "UnsupportedError", "function",
+__all__ = ["Endpoint", "OpenAICompatible", "FrontendError", "Program", "ProgramState", "ServerError", "UnsupportedError", "function",
            "gen", "image", "select"]

@@ -10,12 +10,16 @@ from typing import Any
 
 import httpx
 
-from frontend.errors import ServerError
+from frontend.errors import ServerError, UnsupportedError
 
 SENTINEL = "@@SPLITSERVE_FRONTEND_SENTINEL@@"
 
 
 class Endpoint:
+    """A SplitServe server or router: token-exact continuations."""
+
+    token_exact = True
+
     def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -88,10 +92,11 @@ class Endpoint:
                                        "return_token_strs": True}, site)
         return "".join(out["token_strs"])
 
-    def generate(self, ids: list[int], params: dict[str, Any], site: str) -> dict[str, Any]:
+    def generate(self, ids: list[int], params: dict[str, Any], site: str, text: str = "") -> dict[str, Any]:
         return self._post("/generate", {"input_ids": ids, "sampling_params": params}, site)
 
-    def generate_stream(self, ids: list[int], params: dict[str, Any], site: str) -> Iterator[tuple[str, Any]]:
+    def generate_stream(self, ids: list[int], params: dict[str, Any], site: str,
+                        text: str = "") -> Iterator[tuple[str, Any]]:
         """("text", new text) as it is generated, then ("done", the last chunk: text, output_ids, meta_info)."""
         body = {"input_ids": ids, "sampling_params": params, "stream": True}
         try:
@@ -127,3 +132,44 @@ class Endpoint:
 
     def close(self) -> None:
         self._http.close()
+
+
+class OpenAICompatible(Endpoint):
+    """Any OpenAI-compatible server (vLLM, a hosted API), for programs of text, ``gen`` and ``fork``: prompts go
+    to ``/v1/completions`` as text, so prefix reuse is whatever that server's own caching makes of it. Role
+    blocks (they need the model's chat template) and ``select`` (it needs prompt logprobs of token ids) are
+    refused; use Endpoint with a SplitServe server for those."""
+
+    token_exact = False
+    _FIELDS = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
+
+    def __init__(self, url: str, model: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        super().__init__(url, api_key=api_key, timeout=timeout)
+        self._model = model
+
+    def tokenize(self, text: str, site: str = "tokenize") -> list[int]:
+        return []
+
+    def role_markers(self, role: str, site: str) -> tuple[str, str]:
+        raise UnsupportedError(f"{site}: a {role}() block needs the served model's chat template; use Endpoint "
+                               "with a SplitServe server")
+
+    def continuation_logprobs(self, ids: list[int], choices: list[list[int]], site: str) -> list[list[float]]:
+        raise UnsupportedError(f"{site}: select() needs prompt logprobs of token ids; use Endpoint with a "
+                               "SplitServe server")
+
+    def generate(self, ids: list[int], params: dict[str, Any], site: str, text: str = "") -> dict[str, Any]:
+        body = {"model": self.model, "prompt": text, **{self._FIELDS.get(k, k): v for k, v in params.items()}}
+        out = self._post("/v1/completions", body, site)
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        return {"text": choice["text"], "output_ids": [], "meta_info": {
+            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+            "finish_reason": {"type": choice.get("finish_reason")}}}
+
+    def generate_stream(self, ids: list[int], params: dict[str, Any], site: str,
+                        text: str = "") -> Iterator[tuple[str, Any]]:
+        out = self.generate(ids, params, site, text)
+        yield "text", out["text"]
+        yield "done", out

@@ -66,7 +66,7 @@ class ProgramState:
         together, all find it in the server's cache instead of each computing it."""
         site = call_site()
         self.sync()
-        if n > 1 and self._ids:
+        if n > 1 and self._ids and self.backend.token_exact:
             self.backend.generate(self._ids, {"max_new_tokens": 1, "temperature": 0.0}, site)
         return [ProgramState(self.backend, self._ids, self._text, self._vars) for _ in range(n)]
 
@@ -159,9 +159,9 @@ class ProgramState:
 
     def _gen(self, op: Gen) -> None:
         if self._events is None:
-            out = self.backend.generate(self._ids, op.params, op.site)
+            out = self.backend.generate(self._ids, op.params, op.site, self._text)
         else:
-            for kind, value in self.backend.generate_stream(self._ids, op.params, op.site):
+            for kind, value in self.backend.generate_stream(self._ids, op.params, op.site, self._text):
                 if kind == "text":
                     self._emit(value)
                 else:
@@ -169,7 +169,9 @@ class ProgramState:
         meta = out["meta_info"]
         reason = meta.get("finish_reason") or {}
         matched = reason.get("matched")
-        if reason.get("type") == "stop" and isinstance(matched, str):
+        if not self.backend.token_exact:
+            ids = []
+        elif reason.get("type") == "stop" and isinstance(matched, str):
             ids = self.backend.tokenize(out["text"], op.site)  # the text ends before the stop string
         else:
             ids = list(out["output_ids"])

@@ -169,3 +169,27 @@ def test_a_program_traces_without_a_server() -> None:
     fork = nodes[3]
     assert [n["after"] for n in nodes if n["kind"] == "gen"] == [fork["id"], fork["id"]]  # both follow the fork
     assert nodes[-1]["text"] == "Chosen: <n>" and nodes[-1]["after"] == fork["id"]  # a read is a placeholder
+
+
+def test_plain_gen_runs_against_any_openai_compatible_server(smollm2_server: ServerProcess) -> None:
+    """OpenAICompatible speaks only /v1/completions (our server stands in for a third-party one): text and gen
+    work, and give what the token-exact Endpoint gives for a prompt that tokenizes the same either way."""
+    from frontend import OpenAICompatible
+
+    @function
+    def story(s, opening: str) -> None:  # noqa: ANN001
+        s += opening
+        s += gen("next", max_tokens=12, stop="\n")
+
+    plain = story.run(backend=OpenAICompatible(smollm2_server.url, "SmolLM2-135M-Instruct"),
+                      opening="Once upon a time")
+    exact = story.run(backend=Endpoint(smollm2_server.url), opening="Once upon a time")
+    assert plain["next"] == exact["next"] and plain["next"]
+
+    @function
+    def chatty(s) -> None:  # noqa: ANN001
+        with s.user():
+            s += "hi"
+
+    with pytest.raises(UnsupportedError):
+        chatty.run(backend=OpenAICompatible(smollm2_server.url, "SmolLM2-135M-Instruct"))
