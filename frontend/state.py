@@ -5,7 +5,6 @@ the parent's prefix ids, which the server's radix cache holds once."""
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import threading
 from collections.abc import Iterator
@@ -193,5 +192,4 @@ class ProgramState:
         self._text += op.choices[best]
         self._emit(op.choices[best])
         self._vars[op.name] = op.choices[best]
-        self._meta[op.name] = {"scores": dict(zip(op.choices, scores)),
-                               "logprob": scores[best] if not math.isnan(scores[best]) else None}
+        self._meta[op.name] = {"scores": dict(zip(op.choices, scores)), "logprob": scores[best]}

@@ -66,6 +66,3 @@ class MaskFiller:
         allowed = allowed[:, :self.vocab_size]
         return StepMask(rows, allowed, errors, time.perf_counter() - start)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-

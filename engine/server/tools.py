@@ -85,6 +85,9 @@ def parse_tools(raw: list[dict[str, Any]]) -> list[Tool]:
         if not isinstance(item, dict) or item.get("type") != "function" or not isinstance(fn, dict):
             raise InvalidRequestError(f"tools.{i} must be {{\"type\": \"function\", \"function\": {{...}}}}",
                                       param="tools")
+        extra = (set(item) - {"type", "function"}) | (set(fn) - {"name", "description", "parameters", "strict"})
+        if extra:  # a misspelt "parameters" would otherwise give a tool without arguments
+            raise InvalidRequestError(f"tools.{i} has unknown keys: {', '.join(sorted(extra))}", param="tools")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidRequestError(f"tools.{i}.function.name must be 1-64 letters, digits, '_', '-' or '.'",
@@ -150,7 +153,7 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call(obj: object, fmt: ToolFormat, names: set[str]) -> ToolCall | None:
+def _call(obj: object, names: set[str]) -> ToolCall | None:
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -175,7 +178,7 @@ def _read_call(text: str, fmt: ToolFormat, names: set[str]) -> tuple[ToolCall | 
         obj, end = json.JSONDecoder(strict=False).raw_decode(text, _skip_space(text, body))
     except ValueError:
         return None
-    call = _call(obj, fmt, names)
+    call = _call(obj, names)
     if fmt.name == "hermes":
         close = _skip_space(text, end)
         if not text.startswith("</tool_call>", close):

@@ -65,6 +65,7 @@ def test_the_format_is_picked_from_the_chat_template() -> None:
     ([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}], "twice"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}],
      "uniqueItems"),
+    ([{"type": "function", "function": {"name": "f", "paramters": {"type": "object"}}}], "paramters"),
 ])
 def test_bad_tools_are_refused_naming_the_problem(raw: list, words: str) -> None:
     with pytest.raises(InvalidRequestError) as e:

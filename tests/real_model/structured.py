@@ -3,21 +3,16 @@ request per schema through the real ``openai`` client, and the checks every answ
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import openai
 
+from tests.pd.test_pd_matches_colocated import client
 from tests.real_model.conftest import SERVED_NAME
 from tests.schemas import random_schema
 
 SCHEMA_SEEDS = range(100, 120)  # 20 schemas
 MAX_TOKENS = 512
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
 
 
 def schema_request(seed: int, sampled: bool) -> dict:
@@ -43,10 +38,3 @@ def assert_valid(answer, schema: dict) -> dict:  # noqa: ANN001 - an openai Chat
     doc = json.loads(choice.message.content)
     jsonschema.validate(doc, schema)
     return doc
-
-
-def fullmatch(pattern: str, text: str) -> bool:
-    return re.fullmatch(pattern, text) is not None
-
-
-__all__ = ["SCHEMA_SEEDS", "ask_all", "assert_valid", "client", "fullmatch", "random_schema", "schema_request"]

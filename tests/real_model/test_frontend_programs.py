@@ -15,6 +15,7 @@ import pytest
 
 from frontend import Endpoint, ServerError, UnsupportedError, function, gen, image, select
 from tests.helpers import REPO, ServerProcess
+from tests.pd.conftest import metric_sum
 
 
 @function
@@ -29,11 +30,6 @@ def multi_turn_question(s, question_1: str, question_2: str) -> None:  # noqa: A
         s += question_2
     with s.assistant():
         s += gen("answer_2", max_tokens=48)
-
-
-def metric(url: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(url + "/metrics").text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def test_the_seed_program_answers_and_reuses_its_first_turn(smollm2_server: ServerProcess) -> None:
@@ -60,10 +56,10 @@ def test_fork_computes_a_shared_context_once(smollm2_server: ServerProcess) -> N
             f += gen("a", max_tokens=8)
         s += "Answers: " + " | ".join(f["a"] for f in forks)
 
-    before = metric(smollm2_server.url, "splitserve_prompt_tokens_total") - metric(
+    before = metric_sum(smollm2_server.url, "splitserve_prompt_tokens_total") - metric_sum(
         smollm2_server.url, "splitserve_cached_prompt_tokens_total")
     s = branches.run(ctx=context, backend=ep)
-    computed = metric(smollm2_server.url, "splitserve_prompt_tokens_total") - metric(
+    computed = metric_sum(smollm2_server.url, "splitserve_prompt_tokens_total") - metric_sum(
         smollm2_server.url, "splitserve_cached_prompt_tokens_total") - before
     ctx_tokens = len(ep.tokenize(context + "\n"))
     assert ctx_tokens > 300 and "Answers:" in s.text()

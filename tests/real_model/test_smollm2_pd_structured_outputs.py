@@ -5,6 +5,7 @@ sampled ones sent together all validate; a regex through /generate matches; a ba
 with the same 400; forced tool calls and a frontend program equal the colocated ones; both pools end idle."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import pytest
 
 from tests.pd.conftest import Cluster, metric_sum, run_cluster, wait_pool_idle
 from tests.real_model.conftest import SERVED_NAME
-from tests.real_model.structured import (SCHEMA_SEEDS, ask_all, assert_valid, client, fullmatch, random_schema,
-                                         schema_request)
+from tests.real_model.structured import SCHEMA_SEEDS, ask_all, assert_valid, client, schema_request
+from tests.schemas import random_schema
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_regex_through_generate_and_a_bad_grammar_through_the_router(real_cluste
     r = httpx.post(real_cluster.router.url + "/generate", timeout=120, json={
         "text": "My favourite colour is", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
                                                               "regex": pattern}})
-    assert r.status_code == 200 and fullmatch(pattern, r.json()["text"]), r.text
+    assert r.status_code == 200 and re.fullmatch(pattern, r.json()["text"]), r.text
     with pytest.raises(openai.BadRequestError) as e:
         client(real_cluster.router.url).chat.completions.create(
             model=SERVED_NAME, max_tokens=8, messages=[{"role": "user", "content": "hi"}],

@@ -4,6 +4,7 @@ max_tokens ends with "length"; n > 1 gives each choice its own valid document; s
 non-streamed answer; bad constraints are 400s naming the field, before any compute."""
 from __future__ import annotations
 
+import re
 import json
 
 import httpx
@@ -13,8 +14,9 @@ import pytest
 
 from tests.helpers import ServerProcess
 from tests.real_model.conftest import SERVED_NAME
-from tests.real_model.structured import (SCHEMA_SEEDS, ask_all, assert_valid, client, fullmatch, random_schema,
-                                         schema_request)
+from tests.pd.conftest import metric_sum
+from tests.real_model.structured import SCHEMA_SEEDS, ask_all, assert_valid, client, schema_request
+from tests.schemas import random_schema
 
 CHAT = [{"role": "user", "content": "Give me a date and a short note."}]
 
@@ -31,12 +33,12 @@ def test_regex_ebnf_and_json_object_outputs_match(smollm2_server: ServerProcess)
     pattern = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]: [A-Za-z ,.]{1,40}"
     r = c.chat.completions.create(model=SERVED_NAME, messages=CHAT, max_tokens=64, temperature=0,
                                   extra_body={"regex": pattern})
-    assert r.choices[0].finish_reason == "stop" and fullmatch(pattern, r.choices[0].message.content), r
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(pattern, r.choices[0].message.content), r
     ebnf = 'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z ]{3,30}'
     r = c.chat.completions.create(model=SERVED_NAME, max_tokens=64, temperature=0, extra_body={"ebnf": ebnf},
                                   messages=[{"role": "user", "content": "Is the sky blue?"}])
     text = r.choices[0].message.content
-    assert fullmatch(r"(yes|no) because [a-z ]{3,30}", text), text
+    assert re.fullmatch(r"(yes|no) because [a-z ]{3,30}", text), text
     r = c.chat.completions.create(model=SERVED_NAME, max_tokens=128, temperature=0,
                                   response_format={"type": "json_object"},
                                   messages=[{"role": "user", "content": "Give the name and age of a person named "
@@ -46,7 +48,7 @@ def test_regex_ebnf_and_json_object_outputs_match(smollm2_server: ServerProcess)
     # completions take the same fields; /generate takes SGLang's in sampling_params
     r = c.completions.create(model=SERVED_NAME, prompt="The year was", max_tokens=16, temperature=0,
                              extra_body={"regex": r" [0-9]{4}\."})
-    assert fullmatch(r" [0-9]{4}\.", r.choices[0].text), r.choices[0].text
+    assert re.fullmatch(r" [0-9]{4}\.", r.choices[0].text), r.choices[0].text
     g = httpx.post(smollm2_server.url + "/generate", timeout=120, json={
         "text": "My favourite colour is", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
                                                               "regex": " (red|green|blue)"}}).json()
@@ -101,11 +103,12 @@ def test_streamed_structured_output_equals_the_whole_answer(smollm2_server: Serv
 ])
 def test_bad_constraints_are_refused_by_name(smollm2_server: ServerProcess, extra: dict, param: str,
                                              words: str) -> None:
-    before = httpx.get(smollm2_server.url + "/metrics").text.count("splitserve_generation_tokens")
+    counters = ("splitserve_requests_total", "splitserve_prompt_tokens_total")
+    before = [metric_sum(smollm2_server.url, c) for c in counters]
     with pytest.raises(openai.BadRequestError) as e:
         client(smollm2_server.url).chat.completions.create(model=SERVED_NAME, messages=CHAT, max_tokens=8, **extra)
     assert e.value.body["param"] == param and words in e.value.body["message"], e.value.body
-    assert before  # the server is up and counting; the refusal ran no step (checked by the pool test in PD)
+    assert [metric_sum(smollm2_server.url, c) for c in counters] == before  # refused before the engine saw it
 
 
 def test_grammar_metrics_count_compiles_hits_and_jumps(smollm2_server: ServerProcess) -> None:
