@@ -108,6 +108,35 @@ class GrammarConfig:
         "choices": ("auto", "hermes", "llama3_json", "none")})
 
 
+SPEC_ALGORITHMS = ("none", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: a drafter proposes a few tokens per decoding request and one forward pass verifies
+    them all; the output is the same as without speculation (greedy: token for token; sampled: in distribution,
+    and token for token with a seed)."""
+
+    speculative_algorithm: str = field(default="none", metadata={
+        "help": "none, or ngram (prompt lookup: the tokens that followed the latest earlier occurrence of the "
+                "sequence's last n tokens, from its prompt or its output)", "choices": SPEC_ALGORITHMS})
+    speculative_num_draft_tokens: int = field(default=4, metadata={
+        "help": "most draft tokens per request per step"})
+    speculative_ngram_min: int = field(default=2, metadata={
+        "help": "ngram: shortest suffix that may match (longer matches are tried first)"})
+    speculative_ngram_max: int = field(default=4, metadata={"help": "ngram: longest suffix matched"})
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_algorithm != "none"
+
+    def check(self) -> None:
+        if self.speculative_num_draft_tokens < 1:
+            raise EngineConfigError("--speculative-num-draft-tokens must be at least 1")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise EngineConfigError("--speculative-ngram-min must be at least 1 and at most --speculative-ngram-max")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP front."""
@@ -139,3 +168,4 @@ class EngineConfig:
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     grammar: GrammarConfig = GrammarConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()

@@ -32,6 +32,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
+from engine.spec import Drafter, create_speculator, draft_rows, split_rows
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class StepOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
     jumped: int = 0  # of new_token_ids, how many a grammar forced (jump-forward) rather than the model sampled
+    drafted: int = 0  # speculative decoding: draft tokens verified this step, and how many of them were kept
+    accepted: int = 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -80,10 +83,10 @@ def host_memory_bytes() -> int:
 class EngineCore:
     """``kv_buffer`` maps the pool's byte size to memory to build it in (shared memory another process writes into);
     ``role`` makes the worker role whose hooks run around each step, once the pool exists (a transfer manager
-    needs its address), as the constructor's last act."""
+    needs its address), as the constructor's last act; ``drafter`` replaces the configured speculative drafter."""
 
     def __init__(self, cfg: EngineConfig, kv_buffer: Callable[[int], memoryview] | None = None,
-                 role: Callable[[EngineCore], EngineRole] | None = None) -> None:
+                 role: Callable[[EngineCore], EngineRole] | None = None, drafter: Drafter | None = None) -> None:
         self.cfg = cfg
         mc = cfg.model
         self.source = resolve_model_path(mc.model_path)
@@ -122,6 +125,7 @@ class EngineCore:
         self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
                          if cfg.grammar.grammar_backend == "xgrammar" else None)
         self.masks = MaskFiller(self.arch.vocab_size)
+        self.spec = create_speculator(cfg.speculative, drafter)
         self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
@@ -177,6 +181,8 @@ class EngineCore:
         if req is None:
             return None
         self.requests.pop(rid, None)
+        if self.spec is not None:
+            self.spec.release(req)
         self.role.on_abort(self, req)
         return StepOutput(req, finished=True)
 
@@ -201,6 +207,8 @@ class EngineCore:
             emit(outputs)
             outputs = []
         batch = self.scheduler.schedule()
+        if batch is not None and self.spec is not None:
+            batch = self.spec.draft(batch, self.scheduler)
         if batch is not None:
             outputs += self._run_batch(batch)
         outputs += self.role.after_step(self, batch)
@@ -211,63 +219,77 @@ class EngineCore:
         for out in outputs:
             if out.finished:
                 self.requests.pop(out.req.rid, None)
+                if self.spec is not None:
+                    self.spec.release(out.req)
 
-    def token_output(self, req: Request, lp: TokenLogprob | None = None, jumped: int = 0) -> StepOutput:
-        """The output for a request's newest token (and the ``jumped`` tokens a grammar forced after it):
-        timing, logprobs, incremental text, stop strings."""
-        tokens = req.output_ids[-1 - jumped:]
-        out = StepOutput(req, tokens, jumped=jumped)
-        if lp is not None:
-            req.output_logprobs.append(lp)
-            out.logprobs.append(lp)
+    def token_output(self, req: Request, lps: list[TokenLogprob] | None = None, jumped: int = 0,
+                     new: int = 1) -> StepOutput:
+        """The output for a request's ``new`` newest sampled tokens (more than one: a verified draft) and the
+        ``jumped`` tokens a grammar forced after them: timing, logprobs, incremental text, stop strings. A stop
+        string inside a verified draft ends the request at the token that completes it, as decoding one token
+        at a time would."""
+        tokens = req.output_ids[len(req.output_ids) - new - jumped:]
+        lps = lps or []
         now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
         req.last_token_time = now
+        text, stop = "", None
         if req.detok is not None:
-            text, stop = req.detok.add(tokens)
-            out.new_text = text
+            pieces = [tokens] if new == 1 or not req.detok.stop else [[t] for t in tokens]
+            for used, piece in enumerate(pieces, 1):
+                part, stop = req.detok.add(piece)
+                text += part
+                if stop is not None:
+                    if used < len(pieces):  # the tokens after it never happened
+                        tokens, lps = tokens[:used], lps[:used]
+                        self.scheduler.finish(req, "stop", stop, drop=len(pieces) - used)
+                    break
             if stop is not None and not req.finished:
                 self.scheduler.finish(req, "stop", stop)
-            elif req.finished:
-                out.new_text += req.detok.flush()
+            elif req.finished and stop is None:
+                text += req.detok.flush()
+        req.output_logprobs.extend(lps)
+        out = StepOutput(req, tokens, text, list(lps), jumped=jumped)
         out.finished = req.finished and not req.hold_kv  # a held request ends when its transfer does
         return out
 
     def _run_batch(self, batch: ScheduledBatch) -> list[StepOutput]:
-        """Forward, sample, update, detokenize. A forward failure fails the step (the caller aborts what ran); a
-        failure that belongs to one request (its sampling, its detokenization or stop strings) fails that request
-        alone with a 500 naming the stage, and the rest of the batch goes on."""
-        fill = self.masks.start([s.req.grammar for s in self.runner.sampled_order(batch)])
-        logits, sampled, prompt_logits = self.runner.forward(batch)  # the masks fill meanwhile
-        reqs = [s.req for s in sampled]
+        """Forward, sample, verify drafts, update, detokenize. A forward failure fails the step (the caller aborts
+        what ran); a failure that belongs to one request (its sampling, its detokenization or stop strings) fails
+        that request alone with a 500 naming the stage, and the rest of the batch goes on."""
+        order = self.runner.sampled_order(batch)
+        rows = [row for s in order for row in (draft_rows(s.req, s.draft) if s.draft else (s.req,))]
+        fill = self.masks.start([r.grammar for r in rows])
+        logits, _, prompt_logits = self.runner.forward(batch)  # the masks fill meanwhile
         errors: dict[int, Exception] = {}
         outputs: list[StepOutput] = []
         mask = fill.result() if fill is not None else None
         if mask is not None:
             errors.update(mask.errors)
         with torch.inference_mode():  # the logits are inference tensors: penalties update them in place
-            for seq, rows in prompt_logits:
+            for seq, prompt_rows in prompt_logits:
                 try:
-                    record_prompt_logprobs(seq.req, seq.start, rows)
+                    record_prompt_logprobs(seq.req, seq.start, prompt_rows)
                 except Exception as e:  # noqa: BLE001 - this request's logprobs, not the batch's
                     outputs.append(self.fail_request(seq.req, "prompt logprobs", e))  # update() then skips it
-            tokens, logprobs = (sample(logits, reqs, self.generator, errors, mask.apply if mask else None)
-                                if reqs else ([], []))
+            tokens, logprobs = (sample(logits, rows, self.generator, errors, mask.apply if mask else None)
+                                if rows else ([], []))
         for i in (mask.rows if mask is not None else ()):
-            if i not in errors and not reqs[i].finished:
+            if i not in errors and not rows[i].finished:
                 try:
-                    reqs[i].grammar.accept(tokens[i])
+                    rows[i].grammar.accept(tokens[i])
                 except GrammarRejected as e:
                     errors[i] = e
-        outputs += [self.fail_request(reqs[i], "sampling", e) for i, e in errors.items() if not reqs[i].finished]
-        produced = self.scheduler.update(batch, {r: t for i, (r, t) in enumerate(zip(reqs, tokens))
-                                                 if i not in errors})
-        lp_of = {r: lp for r, lp in zip(reqs, logprobs) if lp is not None}
-        for req in produced:
+        new, lps, drafts, failed = split_rows(order, tokens, logprobs, errors, self.spec)
+        outputs += [self.fail_request(req, "sampling", e) for req, e in failed if not req.finished]
+        produced = self.scheduler.update(batch, new)
+        for req, n in produced.items():
             try:
                 jumped = self._follow_grammar(req) if req.grammar is not None else 0
-                outputs.append(self.token_output(req, lp_of.get(req), jumped))
+                out = self.token_output(req, lps[req], jumped, new=n)
+                out.drafted, out.accepted = drafts.get(req, (0, 0))
+                outputs.append(out)
             except Exception as e:  # noqa: BLE001 - this request's text, not the batch's
                 outputs.append(self.fail_request(req, "detokenization", e))
         return outputs
@@ -353,7 +375,7 @@ class EngineCore:
                 jumped = self._follow_grammar(req)
             except Exception as e:  # noqa: BLE001 - this request's grammar (or its peer's token), not the step's
                 return self.fail_request(req, "sampling", e)
-        return self.token_output(req, lp, jumped)
+        return self.token_output(req, [lp] if lp is not None else None, jumped)
 
     def end(self, req: Request, reason: Abort) -> StepOutput:
         """End the request with an error (its pages stay held if they are); the output that says so."""

@@ -57,6 +57,17 @@ class EngineMetrics:
                                            registry=r).labels(role)
         gauge("splitserve_grammar_cache_size", "Compiled grammars cached",
               lambda: len(core.grammars) if core.grammars is not None else 0)
+        self.speculating = core.spec is not None
+        self.spec_drafted = Counter("splitserve_spec_draft_tokens", "Speculative draft tokens verified", lbl,
+                                    registry=r).labels(role)
+        self.spec_accepted = Counter("splitserve_spec_accepted_tokens", "Speculative draft tokens accepted", lbl,
+                                     registry=r).labels(role)
+        self.spec_length = Histogram("splitserve_spec_accepted_length", "Draft tokens accepted per verification",
+                                     lbl, buckets=tuple(range(17)), registry=r).labels(role)
+        self.spec_requests = Counter("splitserve_spec_requests", "Finished requests by whether any of their drafts "
+                                     "was verified (engines with speculative decoding)", lbl + ["speculation"],
+                                     registry=r)
+        self._drafted_rids: set[str] = set()
         self._prompt = 0
         self._cached = 0
         self._last_token: dict[str, float] = {}
@@ -71,6 +82,11 @@ class EngineMetrics:
             req = out.req
             if out.jumped:
                 self.jump_forward_tokens.inc(out.jumped)
+            if out.drafted:
+                self.spec_drafted.inc(out.drafted)
+                self.spec_accepted.inc(out.accepted)
+                self.spec_length.observe(out.accepted)
+                self._drafted_rids.add(req.rid)
             if out.new_token_ids:
                 self.generation_tokens.inc(len(out.new_token_ids))
                 now = req.last_token_time or 0.0
@@ -83,6 +99,10 @@ class EngineMetrics:
                 self._last_token[req.rid] = now
             if out.finished:
                 self._last_token.pop(req.rid, None)
+                if self.speculating:
+                    on = req.rid in self._drafted_rids
+                    self.spec_requests.labels(self.role, "on" if on else "off").inc()
+                self._drafted_rids.discard(req.rid)
                 self.requests.labels(self.role, req.finish_reason or "unknown").inc()
                 if req.finish_reason != "abort" or req.output_ids:
                     self._prompt += len(req.prompt_ids)

@@ -144,7 +144,9 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
            errors: dict[int, Exception] | None = None,
            constrain: Callable[[torch.Tensor], None] | None = None) -> tuple[list[int], list[TokenLogprob | None]]:
-    """logits: [len(reqs), V] float32 (modified in place). Returns next tokens and, where asked, logprobs.
+    """logits: [len(reqs), V] float32 (modified in place); ``reqs`` are the rows' requests, or what a row reads of
+    one (engine/spec/verify.DraftRow: a request's output as if drafts were accepted). Returns next tokens and,
+    where asked, logprobs.
     With ``errors`` given, a row whose request made its own sampling fail is recorded there (token -1, no
     logprobs) and the other rows are unaffected; without it the first such failure raises. ``constrain``
     (a grammar's token mask) runs on the logits after the raw logprobs are taken and before penalties: logprobs

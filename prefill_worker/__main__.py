@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     add_transfer_flags(parser)
     args = parser.parse_args(argv)
     server_cfg, engine_cfg = configs_from_args(args)
+    if engine_cfg.speculative.enabled:
+        parser.error("--speculative-algorithm is for decode workers (and the colocated server): a prefill worker "
+                     "computes a prompt and its first token only, with nothing to speculate on")
     cfg = dataclass_from_args(PrefillConfig, args)
     transfer_cfg = transfer_config_from_args(args)
     setup_logging(server_cfg.log_level)

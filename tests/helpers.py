@@ -40,14 +40,16 @@ def free_port() -> int:
 
 
 def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool = False,
-                        rope_scaling: dict | None = None, seed: int = 0) -> Path:
-    """A tiny random checkpoint of ``arch`` (llama | qwen2 | qwen3) saved by transformers itself."""
+                        rope_scaling: dict | None = None, seed: int = 0, vocab_size: int = 512,
+                        init: float = 0.1) -> Path:
+    """A tiny random checkpoint of ``arch`` (llama | qwen2 | qwen3) saved by transformers itself (``init``: the
+    weights' standard deviation; larger gives peakier next-token distributions)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  initializer_range=0.1, tie_word_embeddings=tie, rms_norm_eps=1e-6, bos_token_id=1,
+                  initializer_range=init, tie_word_embeddings=tie, rms_norm_eps=1e-6, bos_token_id=1,
                   eos_token_id=2)
     if arch == "llama":
         cfg = LlamaConfig(**common, rope_scaling=rope_scaling, rope_theta=10000.0)

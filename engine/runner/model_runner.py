@@ -14,7 +14,7 @@ from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 
 
 class ForwardOutput(NamedTuple):
-    logits: torch.Tensor  # [len(sampled), vocab] float32
+    logits: torch.Tensor  # [rows of the sampled sequences, vocab] float32 (1 + len(draft) rows each)
     sampled: list[ScheduledSeq]
     # per extend chunk that asked for prompt logprobs: the chunk and the logits of its positions that predict a
     # prompt token (positions seq.start, seq.start + 1, ...)
@@ -43,16 +43,17 @@ class ModelRunner:
 
     @staticmethod
     def sampled_order(batch: ScheduledBatch) -> list[ScheduledSeq]:
-        """The sequences whose logits ``forward`` returns, in its order (one-token sequences first)."""
-        return ([s for s in batch.seqs if s.sample and s.num_tokens == 1]
-                + [s for s in batch.seqs if s.sample and s.num_tokens > 1])
+        """The sequences whose logits ``forward`` returns, in its order (decodes, drafted ones included, first);
+        a drafted sequence has one row per computed position, the others one row each."""
+        return ([s for s in batch.seqs if s.sample and (s.num_tokens == 1 or s.draft)]
+                + [s for s in batch.seqs if s.sample and s.num_tokens > 1 and not s.draft])
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
-        """Logits [n, vocab] (float32) for the sampled sequences, in the returned order, and the prompt rows."""
+        """Logits (float32) for the sampled sequences, in the returned order, and the prompt rows."""
         p = self.page_size
-        decode = [s for s in batch.seqs if s.num_tokens == 1]
-        extend = [s for s in batch.seqs if s.num_tokens > 1]
+        decode = [s for s in batch.seqs if s.num_tokens == 1 or s.draft]
+        extend = [s for s in batch.seqs if s.num_tokens > 1 and not s.draft]
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -61,16 +62,19 @@ class ModelRunner:
         kv_lens: list[int] = []
         table: list[list[int]] = []
         prompt_rows: list[tuple[ScheduledSeq, int, int]] = []
-        for s in decode:  # one token each (a prefill chunk of one token lands here too)
-            req, pos = s.req, s.start
+        for s in decode:  # one token each (a prefill chunk of one token lands here too); a draft's positions are
+            req = s.req   # decode rows too, each attending over the positions up to its own (causal by kv_len)
             self._prompt_rows(s, len(ids), prompt_rows)
-            ids.extend(req.tokens(pos, pos + 1))
-            positions.append(pos)
-            slots.append(self._slot(req.pages, pos))
-            kv_lens.append(pos + 1)
-            table.append(req.pages[: pos // p + 1])
+            ids.extend(req.tokens(s.start, s.start + 1))
+            ids.extend(s.draft)
+            for pos in range(s.start, s.end):
+                positions.append(pos)
+                slots.append(self._slot(req.pages, pos))
+                kv_lens.append(pos + 1)
+                table.append(req.pages[: pos // p + 1])
+                if s.sample:
+                    logit_rows.append(len(positions) - 1)
             if s.sample:
-                logit_rows.append(len(ids) - 1)
                 sampled.append(s)
         extends: list[ExtendSeq] = []
         for s in extend:
@@ -91,7 +95,7 @@ class ModelRunner:
         width = max((len(t) for t in table), default=0)
         meta = AttentionMeta(
             out_slots=torch.tensor(slots, dtype=torch.long, device=self.device),
-            num_decode=len(decode),
+            num_decode=len(kv_lens),
             decode_kv_lens=torch.tensor(kv_lens, dtype=torch.long, device=self.device),
             decode_page_table=torch.tensor([t + [0] * (width - len(t)) for t in table], dtype=torch.long,
                                            device=self.device).reshape(len(table), width),

@@ -12,6 +12,9 @@ class ScheduledSeq:
     start: int  # first position computed this step (the request's kv_len)
     num_tokens: int
     sample: bool  # the chunk reaches the end of the sequence, so its last position is sampled
+    # speculative decoding: tokens proposed to follow the sequence, computed after its newest token
+    # (num_tokens = 1 + len(draft)); every one of those positions is sampled to verify them
+    draft: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
@@ -32,4 +35,4 @@ class ScheduledBatch:
 
     @property
     def num_decode(self) -> int:
-        return sum(1 for s in self.seqs if s.num_tokens == 1)
+        return sum(1 for s in self.seqs if s.num_tokens == 1 or s.draft)

@@ -49,17 +49,24 @@ class KVManager:
             req.cached_tokens = match.num_tokens
         return True
 
-    def grow(self, req: Request, tokens: int) -> bool:
-        """Ensure pages for ``tokens`` more positions after kv_len."""
+    def grow(self, req: Request, tokens: int, evict: bool = True) -> bool:
+        """Ensure pages for ``tokens`` more positions after kv_len (without ``evict``: from free pages only)."""
         need = pages_for(req.kv_len + tokens, self.page_size) - len(req.pages)
         if need <= 0:
             return True
-        if not self.reserve(need):
+        if not (self.reserve(need) if evict else self.allocator.available >= need):
             return False
         new = self.allocator.alloc(need)
         assert new is not None
         req.pages.extend(new)
         return True
+
+    def trim(self, req: Request) -> None:
+        """Free the pages past the one the request's next token goes to (grown for drafts it did not keep)."""
+        keep = max(pages_for(req.seq_len, self.page_size), req.num_cached_pages)
+        if len(req.pages) > keep:
+            self.allocator.free(req.pages[keep:])
+            del req.pages[keep:]
 
     def cache_prefix(self, req: Request) -> None:
         """Hand the computed whole pages to the prefix cache and lock them (called when prefill completes)."""

@@ -61,11 +61,18 @@ class Scheduler:
                 return req
         return None
 
-    def finish(self, req: Request, reason: str, detail: object = None) -> None:
-        """End a running request for a reason found outside the scheduler (e.g. a stop string)."""
+    def finish(self, req: Request, reason: str, detail: object = None, drop: int = 0) -> None:
+        """End a request for a reason found outside the scheduler (e.g. a stop string). ``drop``: its newest
+        output tokens that came after that end (a stop string inside a verified draft) go first; a request the
+        same step had already ended later (length, a stop token) gets this earlier end instead."""
+        if drop:
+            del req.output_ids[len(req.output_ids) - drop:]
+            req.kv_len = min(req.kv_len, req.seq_len)
         if req in self.running:
             self.running.remove(req)
             self._finish(req, reason, detail)
+        elif drop and req.finished and req.finish_reason != "abort":
+            req.finish_reason, req.finish_detail = reason, detail
 
     @property
     def has_work(self) -> bool:
@@ -122,6 +129,17 @@ class Scheduler:
             return False
         req.output_ids.extend(tokens)
         return True
+
+    def with_drafts(self, batch: ScheduledBatch, drafts: dict[Request, list[int]]) -> ScheduledBatch:
+        """``batch`` with each drafted decode computing its draft too, where free pages hold it (no eviction and
+        no retraction for a draft: one that does not fit is dropped)."""
+        seqs = []
+        for seq in batch.seqs:
+            draft = drafts.get(seq.req)
+            if draft and seq.num_tokens == 1 and self.kv.grow(seq.req, 1 + len(draft), evict=False):
+                seq = ScheduledSeq(seq.req, seq.start, 1 + len(draft), True, tuple(draft))
+            seqs.append(seq)
+        return ScheduledBatch(seqs)
 
     def release_held(self, req: Request, keep: bool = True) -> None:
         """No transfer uses the request's pages any more: give them back (with ``keep``, whole computed pages
@@ -210,10 +228,12 @@ class Scheduler:
         return budget
 
     # -- applying a step's results -----------------------------------------------------------------------------
-    def update(self, batch: ScheduledBatch, next_tokens: dict[Request, int]) -> list[Request]:
-        """Advance kv_len, append sampled tokens, finish requests on stop tokens or length. Returns the
-        requests that got a new token this step (finished ones included)."""
-        produced = []
+    def update(self, batch: ScheduledBatch, next_tokens: dict[Request, list[int]]) -> dict[Request, int]:
+        """Advance kv_len, append each sampled request's tokens (one, or a verified draft's several) up to the
+        first stop token or the length limit, and finish requests there. Returns how many tokens each request
+        got this step (finished ones included). A drafted request's positions past its last kept token hold
+        rejected drafts: kv_len stops before them and their pages go back."""
+        produced: dict[Request, int] = {}
         for seq in batch.seqs:
             req = seq.req
             if req.finished:  # aborted while the step ran
@@ -221,17 +241,25 @@ class Scheduler:
             req.kv_len = seq.end
             if not seq.sample:
                 continue
-            token = next_tokens[req]
-            req.output_ids.append(token)
-            produced.append(req)
+            tokens = next_tokens[req]
+            reason, n = None, 0
+            for token in tokens:
+                req.output_ids.append(token)
+                n += 1
+                reason = self._stop_reason(req, token)
+                if reason is not None:
+                    break
+            produced[req] = n
+            if seq.draft:
+                req.kv_len = seq.start + n  # the newest token and the accepted drafts before the one emitted
+                self.kv.trim(req)
             if not req.prefill_done:
                 req.prefill_done = True
                 if not req.hold_kv:  # pages a transfer still reads must not be swapped for cached copies
                     self.kv.cache_prefix(req)
-            reason = self._stop_reason(req, token)
             if reason is not None:
                 self.running.remove(req)
-                self._finish(req, reason, token if reason == "stop" else None)
+                self._finish(req, reason, req.output_ids[-1] if reason == "stop" else None)
         return produced
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

@@ -26,6 +26,7 @@ from engine.config import (
     ModelConfig,
     SchedulerConfig,
     ServerConfig,
+    SpeculativeConfig,
 )
 from engine.models.config import ModelLoadError
 from engine.server.http1 import JsonErrorsH11Protocol
@@ -40,6 +41,7 @@ def engine_parser(prog: str, description: str, default_port: int) -> argparse.Ar
     add_dataclass_args(parser, CacheConfig, "KV cache")
     add_dataclass_args(parser, SchedulerConfig, "scheduler")
     add_dataclass_args(parser, GrammarConfig, "structured output")
+    add_dataclass_args(parser, SpeculativeConfig, "speculative decoding")
     return parser
 
 
@@ -56,7 +58,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     server = dataclasses.replace(server, api_key=key, api_key_file=None)
     return server, EngineConfig(
         model=dataclass_from_args(ModelConfig, args), cache=dataclass_from_args(CacheConfig, args),
-        scheduler=dataclass_from_args(SchedulerConfig, args), grammar=dataclass_from_args(GrammarConfig, args))
+        scheduler=dataclass_from_args(SchedulerConfig, args), grammar=dataclass_from_args(GrammarConfig, args),
+        speculative=dataclass_from_args(SpeculativeConfig, args))
 
 
 @contextlib.contextmanager

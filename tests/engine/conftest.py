@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
+from engine.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.role import EngineRole
+from engine.spec import Drafter
 from engine.tiny_model import ensure_tiny_model
 from tests.helpers import ServerProcess
 
@@ -21,7 +22,8 @@ def tiny_model_dir() -> Path:
 def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 8192, chunk: int = 512,
               max_prefill_tokens: int = 4096, disable_radix_cache: bool = False, max_running: int = 128,
               policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32",
-              stall_timeout: float = 30.0, role: EngineRole | None = None, jump_forward: bool = True) -> EngineCore:
+              stall_timeout: float = 30.0, role: EngineRole | None = None, jump_forward: bool = True,
+              speculative: SpeculativeConfig = SpeculativeConfig(), drafter: Drafter | None = None) -> EngineCore:
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(model_dir), dtype=dtype),
         CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
@@ -29,7 +31,8 @@ def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 81
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
                         max_running_requests=max_running, schedule_policy=policy,
                         stall_timeout_secs=stall_timeout),
-        GrammarConfig(jump_forward=jump_forward)), role=None if role is None else lambda _core: role)
+        GrammarConfig(jump_forward=jump_forward), speculative),
+        role=None if role is None else lambda _core: role, drafter=drafter)
 
 
 @pytest.fixture(scope="session")

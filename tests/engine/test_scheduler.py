@@ -31,7 +31,7 @@ def make_req(rid: str, prompt: list[int] | int, max_new: int = 8, leader: Reques
 def step(s: Scheduler, token: int = 7) -> ScheduledBatch | None:
     batch = s.schedule()
     if batch is not None:
-        s.update(batch, {seq.req: token for seq in batch.seqs if seq.sample})
+        s.update(batch, {seq.req: [token] for seq in batch.seqs if seq.sample})
         s.check_integrity()
     return batch
 

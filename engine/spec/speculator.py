@@ -1,0 +1,94 @@
+"""Speculative decoding around the engine's step: ``draft`` gives the step's decoding requests draft tokens (and
+their pages), ``verify`` turns each request's sampled rows into the tokens it emits (engine/spec/verify.py).
+
+Who speculates (measured on SmolLM2, see docs/benchmarks.md): a request whose drafts keep being rejected pays for
+the extra rows of every verification and gains nothing, so each request tracks its acceptance (an exponential
+average of accepted / drafted). Below ``MIN_ACCEPT`` it stops drafting for a while, twice as long after each
+failed probe, and drafts again to probe. Requests with a grammar or a held transfer never draft (a grammar's own
+jump-forward already appends what it forces)."""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from engine.config import SpeculativeConfig
+from engine.request import Request
+from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
+from engine.spec.base import Drafter
+from engine.spec.verify import accepted
+
+MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
+EMA = 0.3  # weight of the newest verification in a request's acceptance average
+BACKOFF_MIN, BACKOFF_MAX = 4, 256  # steps a request pauses after its acceptance fell below MIN_ACCEPT
+
+
+@dataclass
+class _Track:
+    ema: float = 1.0  # optimistic: a new request drafts
+    pause: int = 0  # steps left without drafting
+    backoff: int = BACKOFF_MIN
+    drafted: int = 0  # totals over the request's life
+    accepted: int = 0
+
+
+class Speculator:
+    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter) -> None:
+        self.cfg = cfg
+        self.drafter = drafter
+        self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
+        self.drafted = 0  # draft tokens verified, and kept, since start
+        self.accepted = 0
+
+    def _track(self, req: Request) -> _Track:
+        t = self._tracks.get(req)
+        if t is None:
+            t = self._tracks[req] = _Track()
+        return t
+
+    def _limit(self, seq: ScheduledSeq) -> int:
+        req = seq.req
+        if (seq.num_tokens != 1 or not seq.sample or not req.output_ids or req.grammar is not None
+                or req.hold_kv or seq.start != req.seq_len - 1):
+            return 0
+        track = self._track(req)
+        if track.pause > 0:
+            track.pause -= 1
+            return 0
+        return max(0, min(self.cfg.speculative_num_draft_tokens, req.max_new_tokens - len(req.output_ids) - 1))
+
+    def draft(self, batch: ScheduledBatch, scheduler: Scheduler) -> ScheduledBatch:
+        """The batch with draft tokens on the decoding requests that get some (pages grown for them)."""
+        seqs = [s for s in batch.seqs if s.num_tokens == 1]
+        limits = [self._limit(s) for s in seqs]
+        chosen = [(s, k) for s, k in zip(seqs, limits) if k > 0]
+        if not chosen:
+            return batch
+        drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
+        return scheduler.with_drafts(batch, {s.req: d for (s, _), d in zip(chosen, drafts) if d})
+
+    def verify(self, seq: ScheduledSeq, sampled: list[int]) -> list[int]:
+        """The tokens ``seq``'s rows emit; updates the request's acceptance."""
+        if not seq.draft:
+            return sampled
+        out = accepted(seq.draft, sampled)
+        track = self._track(seq.req)
+        k, hit = len(seq.draft), len(out) - 1
+        track.drafted += k
+        track.accepted += hit
+        self.drafted += k
+        self.accepted += hit
+        track.ema = (1 - EMA) * track.ema + EMA * hit / k
+        if track.ema < MIN_ACCEPT:
+            track.pause, track.backoff = track.backoff, min(BACKOFF_MAX, track.backoff * 2)
+            track.ema = MIN_ACCEPT  # the probe after the pause starts at the threshold
+        elif hit == k:
+            track.backoff = BACKOFF_MIN
+        return out
+
+    def speculated(self, req: Request) -> bool:
+        """Whether any draft of the request was verified."""
+        t = self._tracks.get(req)
+        return t is not None and t.drafted > 0
+
+    def release(self, req: Request) -> None:
+        self.drafter.release(req)

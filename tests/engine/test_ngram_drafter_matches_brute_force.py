@@ -1,0 +1,51 @@
+"""The n-gram drafter's incremental index proposes exactly what a brute-force search proposes: the tokens after
+the latest earlier occurrence of the longest matching suffix (n from max down to min), on seeded random sequences
+over a small alphabet (many matches) grown a few tokens at a time, as decoding grows them."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.spec import NgramDrafter
+
+
+def brute_force(seq: list[int], min_n: int, max_n: int, limit: int) -> list[int]:
+    for n in range(max_n, min_n - 1, -1):
+        if n >= len(seq):
+            continue
+        suffix = seq[-n:]
+        for end in range(len(seq) - 1, n - 1, -1):  # latest first; the suffix itself (end = len) excluded
+            if seq[end - n:end] == suffix:
+                return seq[end:end + limit]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_proposals_equal_a_brute_force_search(seed: int) -> None:
+    rng = random.Random(seed)
+    min_n, max_n = rng.choice([(1, 3), (2, 4), (3, 3), (1, 1)])
+    alphabet = rng.choice([2, 3, 6])
+    drafter = NgramDrafter(min_n, max_n)
+    req = Request("r", [rng.randrange(alphabet) for _ in range(rng.randrange(1, 40))], SamplingParams(), 10_000)
+    proposals = 0
+    for _ in range(80):
+        limit = rng.randrange(1, 7)
+        (got,) = drafter.propose([req], [limit])
+        seq = req.prompt_ids + req.output_ids
+        assert got == brute_force(seq, min_n, max_n, limit), f"at length {len(seq)}"
+        proposals += bool(got)
+        req.output_ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(1, 4)))
+    assert proposals >= 10, "the sequences were meant to repeat"
+
+
+def test_a_copied_passage_is_proposed_whole() -> None:
+    passage = list(range(100, 140))
+    req = Request("r", [7, 8] + passage + [9], SamplingParams(), 100)
+    req.output_ids = passage[:3]
+    (got,) = NgramDrafter(2, 4).propose([req], [8])
+    assert got == passage[3:11]
+    req.output_ids = [1, 2, 3]
+    assert NgramDrafter(2, 4).propose([req], [8]) == [[]]

@@ -1,0 +1,146 @@
+"""Speculative decoding changes how many forward passes a request takes, never what it outputs: greedy and seeded
+requests give the same tokens (and logprobs, finish reasons, stop-string cuts) with the n-gram drafter, an oracle
+drafter (every draft accepted: the forward count drops to 1 + ceil(outputs / (k + 1))) and a random drafter (almost
+every draft rejected), in a mixed batch with retraction and aborts; afterwards the pool's integrity check passes
+and every page returns."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from engine.config import SpeculativeConfig
+from engine.engine_core import EngineCore
+from engine.request import Abort, Request
+from engine.sampling_params import SamplingParams
+from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter
+from tests.engine.conftest import make_core
+
+K = 4
+NGRAM = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=K, speculative_ngram_min=1)
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    """Prompts that repeat a phrase (so the n-gram drafter finds matches) with varied lengths."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        phrase = [rng.randrange(10, 2000) for _ in range(rng.randrange(3, 12))]
+        out.append([rng.randrange(10, 2000) for _ in range(i)] + phrase * rng.randrange(2, 6))
+    return out
+
+
+def params(i: int, temperature: float = 0.0) -> SamplingParams:
+    """A mix: lengths from 3 to 60 tokens, a frequency penalty, top-p, seeds for sampled requests."""
+    return SamplingParams(max_new_tokens=[3, 60, 17, 41, 8, 33, 60, 25][i % 8], temperature=temperature,
+                          top_p=0.9 if temperature else 1.0, seed=1000 + i if temperature else None,
+                          frequency_penalty=0.5 if i % 3 == 1 else 0.0, ignore_eos=True)
+
+
+def run(core: EngineCore, ps: list[list[int]], sps: list[SamplingParams], detokenize: bool = False,
+        abort_after: int | None = None) -> list[Request]:
+    reqs = [core.make_request(p, sp, rid=f"r{i}", detokenize=detokenize) for i, (p, sp) in enumerate(zip(ps, sps))]
+    for r in reqs:
+        core.add_request(r)
+    for step in range(10_000):
+        if all(r.finished for r in reqs):
+            break
+        if step == abort_after:
+            for r in reqs[::3]:
+                core.abort(r.rid, Abort(499, "client went away"))
+        core.step()
+    assert all(r.finished for r in reqs)
+    core.check_integrity()
+    core.flush_cache()
+    assert core.allocator.available == core.allocator.capacity, "a page leaked"
+    return reqs
+
+
+def outcome(reqs: list[Request]) -> list[tuple]:
+    return [(r.output_ids, r.finish_reason) for r in reqs]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> dict[float, list[Request]]:
+    ps = prompts(8)
+    return {t: run(make_core(tiny_model_dir), ps, [params(i, t) for i in range(8)]) for t in (0.0, 0.3)}
+
+
+def drafter_for(name: str, ref: list[Request]):  # noqa: ANN201
+    return {"ngram": None, "oracle": OracleDrafter({r.rid: r.output_ids for r in ref}),
+            "random": RandomDrafter(4000)}[name]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.3], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("drafter", ["ngram", "oracle", "random"])
+@pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
+def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference: dict, drafter: str,
+                                                temperature: float, pool: int) -> None:
+    ref = reference[temperature]
+    core = make_core(tiny_model_dir, max_total_tokens=pool, speculative=NGRAM, drafter=drafter_for(drafter, ref))
+    forwards = CountingForwards(core)
+    got = run(core, prompts(8), [params(i, temperature) for i in range(8)])
+    assert outcome(got) == outcome(ref)
+    if pool == 160:
+        assert core.scheduler.num_retractions > 0, "the tight pool was meant to retract"
+    spec = core.spec
+    assert spec.drafted > 0, "drafts were verified"
+    if drafter == "oracle":
+        assert spec.accepted == spec.drafted
+        if pool == 8192:  # the longest request (60 tokens) bounds the step count
+            assert forwards.count <= 2 + -(-59 // (K + 1)), "accepted drafts must replace forward passes"
+    if drafter == "random":
+        assert spec.accepted <= spec.drafted // 10
+
+
+def test_a_lone_request_with_an_oracle_takes_one_forward_per_k_plus_one_tokens(tiny_model_dir: Path,
+                                                                               reference: dict) -> None:
+    ref = reference[0.0][1]  # 60 tokens
+    core = make_core(tiny_model_dir, speculative=NGRAM, drafter=OracleDrafter({"r0": ref.output_ids}))
+    forwards = CountingForwards(core)
+    (got,) = run(core, [ref.prompt_ids], [ref.sampling])
+    assert got.output_ids == ref.output_ids
+    assert forwards.count == 1 + -(-(60 - 1) // (K + 1))  # the prefill gives the first token
+
+
+def test_aborts_mid_draft_leave_no_page_behind(tiny_model_dir: Path, reference: dict) -> None:
+    ref = reference[0.0]
+    core = make_core(tiny_model_dir, speculative=NGRAM, drafter=drafter_for("oracle", ref))
+    got = run(core, prompts(8), [params(i) for i in range(8)], abort_after=4)
+    for i, r in enumerate(got):
+        if i % 3 == 0 and r.finish_reason == "abort":
+            assert r.output_ids == ref[i].output_ids[:len(r.output_ids)]
+        else:
+            assert (r.output_ids, r.finish_reason) == (ref[i].output_ids, ref[i].finish_reason)
+
+
+def test_stop_tokens_and_strings_inside_a_verified_draft_end_where_plain_decoding_ends(tiny_model_dir: Path) -> None:
+    plain = make_core(tiny_model_dir)
+    prompt = prompts(1, seed=5)[0]
+    free = run(plain, [prompt], [SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)],
+               detokenize=True)[0]
+    text = free.detok.text
+    stop_string = text[len(text) // 2:len(text) // 2 + 2]
+    stop_token = free.output_ids[23]
+    cases = [SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop=[stop_string]),
+             SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_token])]
+    for sp in cases:
+        (want,) = run(make_core(tiny_model_dir), [prompt], [sp], detokenize=True)
+        core = make_core(tiny_model_dir, speculative=NGRAM, drafter=OracleDrafter({"r0": free.output_ids}))
+        (got,) = run(core, [prompt], [sp], detokenize=True)
+        assert want.finish_reason == "stop" and len(want.output_ids) < 40
+        assert (got.output_ids, got.finish_reason, got.finish_detail, got.detok.text) == (
+            want.output_ids, want.finish_reason, want.finish_detail, want.detok.text)
+
+
+def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, reference: dict) -> None:
+    ref = reference[0.0]
+    ps, sps = prompts(8), [SamplingParams(**{**vars(params(i)), "logprobs": 3}) for i in range(8)]
+    want = run(make_core(tiny_model_dir), ps, sps)
+    got = run(make_core(tiny_model_dir, speculative=NGRAM, drafter=drafter_for("oracle", ref)), ps, sps)
+    for w, g in zip(want, got):
+        assert g.output_ids == w.output_ids and len(g.output_logprobs) == len(w.output_logprobs)
+        for a, b in zip(w.output_logprobs, g.output_logprobs):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
