@@ -209,7 +209,10 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if batch is not None and self.spec is not None:
             batch = self.spec.draft(batch, self.scheduler)
-        if batch is not None:
+            start = time.perf_counter()
+            outputs += self._run_batch(batch)
+            self.spec.observe(batch, time.perf_counter() - start)
+        elif batch is not None:
             outputs += self._run_batch(batch)
         outputs += self.role.after_step(self, batch)
         self._forget_finished(outputs)
@@ -260,7 +263,7 @@ class EngineCore:
         that request alone with a 500 naming the stage, and the rest of the batch goes on."""
         order = self.runner.sampled_order(batch)
         rows = [row for s in order for row in (draft_rows(s.req, s.draft) if s.draft else (s.req,))]
-        fill = self.masks.start([r.grammar for r in rows])
+        fill = self.masks.start([r.grammar for r in rows], [getattr(r, "ahead", ()) for r in rows])
         logits, _, prompt_logits = self.runner.forward(batch)  # the masks fill meanwhile
         errors: dict[int, Exception] = {}
         outputs: list[StepOutput] = []
@@ -275,13 +278,13 @@ class EngineCore:
                     outputs.append(self.fail_request(seq.req, "prompt logprobs", e))  # update() then skips it
             tokens, logprobs = (sample(logits, rows, self.generator, errors, mask.apply if mask else None)
                                 if rows else ([], []))
-        for i in (mask.rows if mask is not None else ()):
-            if i not in errors and not rows[i].finished:
-                try:
-                    rows[i].grammar.accept(tokens[i])
-                except GrammarRejected as e:
-                    errors[i] = e
         new, lps, drafts, failed = split_rows(order, tokens, logprobs, errors, self.spec)
+        for req in [r for r in new if r.grammar is not None and not r.finished]:
+            try:  # a grammar that completes inside a verified run ends the run there
+                new[req] = new[req][:req.grammar.accept_run(new[req])]
+            except GrammarRejected as e:
+                failed.append((req, e))
+                del new[req]
         outputs += [self.fail_request(req, "sampling", e) for req, e in failed if not req.finished]
         produced = self.scheduler.update(batch, new)
         for req, n in produced.items():

@@ -44,23 +44,36 @@ class MaskFiller:
         self.vocab_size = vocab_size
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
 
-    def start(self, states: list[GrammarState | None]) -> Future[StepMask] | None:
-        """Begin filling the masks of a step whose logits rows belong to ``states`` (None: unconstrained)."""
+    def start(self, states: list[GrammarState | None],
+              ahead: list[tuple[int, ...]] | None = None) -> Future[StepMask] | None:
+        """Begin filling the masks of a step whose logits rows belong to ``states`` (None: unconstrained).
+        ``ahead[i]``: tokens row i comes after that the state has not accepted (a speculative verification's
+        drafts: rows of one state in order, each one token further than the one before); the state is put back
+        once its rows are filled."""
         rows = [i for i, s in enumerate(states) if s is not None]
         if not rows:
             return None
-        return self._pool.submit(self._fill, states, rows)
+        return self._pool.submit(self._fill, states, rows, ahead or [()] * len(states))
 
-    def _fill(self, states: list[GrammarState | None], rows: list[int]) -> StepMask:
+    def _fill(self, states: list[GrammarState | None], rows: list[int], ahead: list[tuple[int, ...]]) -> StepMask:
         import xgrammar as xgr
         start = time.perf_counter()
         bitmask = xgr.allocate_token_bitmask(len(states), self.vocab_size)
         errors: dict[int, Exception] = {}
+        advanced: dict[int, tuple[GrammarState, int]] = {}  # id(state) -> (state, drafts it accepted here)
         for row in rows:
+            state = states[row]
             try:
-                states[row].fill(bitmask, row)  # type: ignore[union-attr]
+                _, done = advanced.get(id(state), (state, 0))
+                for token in ahead[row][done:]:
+                    state.accept(token)  # type: ignore[union-attr]
+                    done += 1
+                    advanced[id(state)] = (state, done)  # type: ignore[assignment]
+                state.fill(bitmask, row)  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 - this request's grammar, not the step's
                 errors[row] = e
+        for state, done in advanced.values():
+            state.rollback(done)
         words = bitmask[[r for r in rows if r not in errors]]
         allowed = ((words.unsqueeze(-1) >> _SHIFTS) & 1).bool().reshape(words.shape[0], 32 * words.shape[1])
         allowed = allowed[:, :self.vocab_size]

@@ -28,6 +28,14 @@ class GrammarState:
         if not self.matcher.accept_token(token):
             raise GrammarRejected(f"token {token} does not continue the requested grammar")
 
+    def accept_run(self, tokens: list[int]) -> int:
+        """Accept ``tokens`` in order up to and including one that completes the grammar; returns how many."""
+        for i, token in enumerate(tokens):
+            self.accept(token)
+            if self.matcher.is_terminated():
+                return i + 1
+        return len(tokens)
+
     @property
     def terminated(self) -> bool:
         """The grammar is complete and a stop token was accepted: nothing may follow."""
@@ -36,6 +44,22 @@ class GrammarState:
     def rollback(self, tokens: int) -> None:
         """Forget the last ``tokens`` accepted tokens (a jump the scheduler could not make room for)."""
         self.matcher.rollback(tokens)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar allows in a row from here, short of one that completes it (nothing
+        can be masked after that); the state is left as it was."""
+        n = 0
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                break
+            n += 1
+            if self.matcher.is_terminated():
+                n -= 1
+                self.matcher.rollback(1)
+                break
+        if n:
+            self.matcher.rollback(n)
+        return n
 
     def fill(self, bitmask: Any, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)

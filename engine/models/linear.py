@@ -8,13 +8,23 @@ what torch.compile's CPU weight prepacking does; here it is done eagerly, withou
 In float32, though, MKL's own GEMM behind ``F.linear`` is 10-16% faster for prefill-sized steps (thousands of
 rows), and the decode gain is a few percent, so by default (``auto``) only bfloat16 weights are packed;
 ``on`` packs float32 too. Float32 results differ from ``F.linear`` only by summation order (about 1e-7
-relative). Only CPU weights are packed; everything else keeps ``nn.Linear``."""
+relative). Only CPU weights are packed.
+
+Float32 weights that are not packed go through ``FewRowsLinear``: for 4-8 rows (a small decode batch, a
+speculative verification) a native kernel (few_rows_gemm.c) reads each weight row once, where MKL's sgemm
+packs the whole weight per call and took 2-3x the one-row time; other row counts keep ``F.linear``."""
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from engine import native
 
 log = logging.getLogger(__name__)
 
@@ -64,4 +74,66 @@ def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) 
         model.lm_head = PackedLinear(tied_lm_head.detach(), None)
         targets.append(("lm_head", model.lm_head))
     log.info("prepacked %d linear layers for the CPU GEMM", len(targets))
+    return len(targets)
+
+
+FEW_ROWS = range(4, 9)  # rows the few-rows kernel takes (1-3 rows: MKL's GEMV path was as fast or faster; 9-16: mixed)
+
+
+@functools.cache
+def few_rows_kernel() -> ctypes.CDLL | None:
+    lib = native.load(Path(__file__).with_name("few_rows_gemm.c"))
+    if lib is not None:
+        lib.splitserve_few_rows_gemm.restype = ctypes.c_int
+        lib.splitserve_few_rows_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    return lib
+
+
+def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors with rows in FEW_ROWS (weight contiguous)."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    rc = lib.splitserve_few_rows_gemm(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                                      y.data_ptr(), x.shape[0], weight.shape[0], weight.shape[1],
+                                      torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"few-rows GEMM refused the shapes {tuple(x.shape)} x {tuple(weight.shape)}")
+    return y
+
+
+class FewRowsLinear(nn.Module):
+    """``y = x @ W.T + b`` for a float32 CPU weight (kept dense, shared with whoever owns it): FEW_ROWS rows through
+    the few-rows kernel, other row counts through ``F.linear``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> None:
+        super().__init__()
+        self.weight = weight.detach().contiguous()
+        self.bias = None if bias is None else bias.detach().contiguous()
+        self.out_features, self.in_features = self.weight.shape
+        self._lib = lib
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] in FEW_ROWS and x.dtype == torch.float32:
+            return few_rows_gemm(self._lib, x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
+    """Route ``model``'s float32 CPU ``nn.Linear`` layers (and a tied LM head, as ``model.lm_head`` sharing the
+    embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were."""
+    lib = few_rows_kernel()
+    if lib is None:
+        return 0
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
+    for name, mod in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib))
+    if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib)
+        targets.append(("lm_head", model.lm_head))
     return len(targets)

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
-from engine.models.linear import prepack_linears, should_prepack
+from engine.models.linear import prepack_linears, should_prepack, use_few_rows_kernel
 from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,11 @@ def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    tied = model.embed_tokens.weight if cfg.tie_word_embeddings else None
     if should_prepack(prepack, device, torch_dtype):
-        prepack_linears(model, model.embed_tokens.weight if cfg.tie_word_embeddings else None)
+        prepack_linears(model, tied)
+    elif device.type == "cpu" and torch_dtype == torch.float32:
+        use_few_rows_kernel(model, tied)
     log.info("loaded %s weights from %s as %s in %.1f s", cfg.architecture, gguf or model_dir,
              str(torch_dtype).replace("torch.", ""), time.monotonic() - start)
     return model, cfg, torch_dtype

@@ -4,8 +4,12 @@ their pages), ``verify`` turns each request's sampled rows into the tokens it em
 Who speculates (measured on SmolLM2, see docs/benchmarks.md): a request whose drafts keep being rejected pays for
 the extra rows of every verification and gains nothing, so each request tracks its acceptance (an exponential
 average of accepted / drafted). Below ``MIN_ACCEPT`` it stops drafting for a while, twice as long after each
-failed probe, and drafts again to probe. Requests with a grammar or a held transfer never draft (a grammar's own
-jump-forward already appends what it forces)."""
+failed probe, and drafts again to probe. Of the drafts proposed for a step, the best-accepted ones are kept
+while they raise the expected tokens per second of the step (engine/spec/cost.py: step time by rows, learnt
+from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
+A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
+one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
+transfer still holds never draft."""
 from __future__ import annotations
 
 import weakref
@@ -15,11 +19,13 @@ from engine.config import SpeculativeConfig
 from engine.request import Request
 from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from engine.spec.base import Drafter
+from engine.spec.cost import StepCost
 from engine.spec.verify import accepted
 
 MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
 EMA = 0.3  # weight of the newest verification in a request's acceptance average
 BACKOFF_MIN, BACKOFF_MAX = 4, 256  # steps a request pauses after its acceptance fell below MIN_ACCEPT
+PROBE_EVERY = 64  # drafting steps: one in this many keeps every draft, so the step cost of its rows is re-measured
 
 
 @dataclass
@@ -36,8 +42,11 @@ class Speculator:
         self.cfg = cfg
         self.drafter = drafter
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
+        self.cost = StepCost()
+        self._steps = 0
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
+        self.verifications = 0  # drafted requests verified (one per request per step)
 
     def _track(self, req: Request) -> _Track:
         t = self._tracks.get(req)
@@ -47,8 +56,8 @@ class Speculator:
 
     def _limit(self, seq: ScheduledSeq) -> int:
         req = seq.req
-        if (seq.num_tokens != 1 or not seq.sample or not req.output_ids or req.grammar is not None
-                or req.hold_kv or seq.start != req.seq_len - 1):
+        if (seq.num_tokens != 1 or not seq.sample or not req.output_ids or req.hold_kv
+                or seq.start != req.seq_len - 1):
             return 0
         track = self._track(req)
         if track.pause > 0:
@@ -64,7 +73,19 @@ class Speculator:
         if not chosen:
             return batch
         drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
-        return scheduler.with_drafts(batch, {s.req: d for (s, _), d in zip(chosen, drafts) if d})
+        drafts = [d[:s.req.grammar.valid_prefix(d)] if d and s.req.grammar is not None else d
+                  for (s, _), d in zip(chosen, drafts)]
+        found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
+                       key=lambda t: -t[0])
+        self._steps += 1
+        keep = (len(found) if self._steps % PROBE_EVERY == 0 else
+                self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found]))
+        return scheduler.with_drafts(batch, {req: d for _, req, d in found[:keep]})
+
+    def observe(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A step's time, learnt by its row count when it only decoded (a prefill chunk's time is not a row's)."""
+        if all(s.num_tokens == 1 or s.draft for s in batch.seqs):
+            self.cost.observe(batch.num_tokens, seconds)
 
     def verify(self, seq: ScheduledSeq, sampled: list[int]) -> list[int]:
         """The tokens ``seq``'s rows emit; updates the request's acceptance."""
@@ -77,6 +98,7 @@ class Speculator:
         track.accepted += hit
         self.drafted += k
         self.accepted += hit
+        self.verifications += 1
         track.ema = (1 - EMA) * track.ema + EMA * hit / k
         if track.ema < MIN_ACCEPT:
             track.pause, track.backoff = track.backoff, min(BACKOFF_MAX, track.backoff * 2)

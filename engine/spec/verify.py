@@ -13,7 +13,7 @@ conditioned on not d gives."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -32,13 +32,14 @@ class DraftRow:
     seed: int | None
     prompt_ids: list[int]
     output_ids: list[int]
-    grammar: None = None
+    grammar: Any = None  # the request's GrammarState, which the mask filler advances by ``ahead`` for this row
+    ahead: tuple[int, ...] = ()
 
 
 def draft_rows(req: Request, draft: tuple[int, ...]) -> list[DraftRow]:
     """The k + 1 rows a drafted request samples."""
-    return [DraftRow(req.sampling, req.seed, req.prompt_ids, req.output_ids + list(draft[:i]))
-            for i in range(len(draft) + 1)]
+    return [DraftRow(req.sampling, req.seed, req.prompt_ids, req.output_ids + list(draft[:i]), req.grammar,
+                     tuple(draft[:i])) for i in range(len(draft) + 1)]
 
 
 def accepted(draft: tuple[int, ...], sampled: list[int]) -> list[int]:

@@ -144,3 +144,39 @@ def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, 
         for a, b in zip(w.output_logprobs, g.output_logprobs):
             assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "random"])
+def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_dir: Path, drafter: str) -> None:
+    """A regex-constrained batch (the grammar completes inside verified runs; ignore_eos, so only the grammar
+    ends them) gives the same text with drafts: oracle drafts pass the grammar and are all accepted, random ones
+    are cut at the first token the grammar refuses before they are verified."""
+    import re
+
+    from engine.grammar.spec import GrammarSpec
+    from tests.engine.test_constrained_decoding import WORDS, constrained
+
+    spec = GrammarSpec.of_text("regex", WORDS, "regex")
+
+    def batch(core: EngineCore) -> list[Request]:
+        rng = random.Random(5)
+        reqs = [constrained(core, [rng.randrange(10, 4000) for _ in range(20)], spec, temperature=0.3, seed=i,
+                            ignore_eos=True) for i in range(6)]
+        for i, r in enumerate(reqs):
+            r.rid = f"r{i}"
+        core.run_to_completion(reqs)
+        core.check_integrity()
+        core.flush_cache()
+        assert core.allocator.available == core.allocator.capacity
+        return reqs
+
+    want = batch(make_core(tiny_model_dir, jump_forward=False))
+    assert all(re.fullmatch(WORDS, r.detok.text) and r.finish_reason == "stop" for r in want)
+    core = make_core(tiny_model_dir, jump_forward=False, speculative=NGRAM,
+                     drafter=drafter_for(drafter, want) if drafter == "oracle" else RandomDrafter(4000, seed=2))
+    got = batch(core)
+    assert [(r.output_ids, r.detok.text, r.finish_reason) for r in got] == [
+        (r.output_ids, r.detok.text, r.finish_reason) for r in want]
+    assert core.spec.drafted > 0
+    if drafter == "oracle":
+        assert core.spec.accepted == core.spec.drafted

@@ -1,0 +1,147 @@
+"""Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` on the same engine
+settings, for each dtype and batch size, with the variants interleaved in every repeat (2-core hosts are noisy).
+
+Workloads (both variants produce the same tokens, so the comparison is work for work):
+- ``copy`` (greedy): chat requests that repeat a paragraph given in the prompt, or rewrite a given function with
+  a docstring added (paragraphs of this repository's docs and functions of its engine, so the
+  text is real): what prompt lookup is for.
+- ``random`` (seeded sampling at temperature 1, so the output wanders and has little to copy, while a seed still
+  makes both variants produce the same tokens): prompts of seeded random token ids.
+
+Each measurement runs max(B, 4) requests in groups of B (so batch 1 averages over 4 tasks, not one): a group
+starts at once, steps until all have their first token, then its decode is timed; reported is output tokens
+after the first over the groups' decode time. Reported per variant: decode tokens/s, forward
+passes, accepted / drafted tokens, mean accepted drafts per verification, and the ratio ngram / off of the same
+repeat (the median over repeats), and the share of requests whose output was the same in both variants (in
+float32 all of them; in bfloat16 a verification's rows are computed in a batch of another size, and a near-tie
+between two tokens can go the other way, as it can when the batch size changes without speculation).
+
+    python -m benchmarks.bench_spec --model smollm2 --dtypes float32 bfloat16 --batches 1 4 16 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine, model_dir, table, write_json
+from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from engine.engine_core import EngineCore
+from engine.sampling_params import SamplingParams
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCES = ["engine/scheduler/kv_manager.py", "engine/scheduler/scheduler.py", "engine/detokenizer.py",
+           "engine/sampler.py", "engine/mem/radix_cache.py", "engine/grammar/state.py", "engine/spec/ngram.py",
+           "engine/models/llama.py"]
+
+
+def copy_tasks() -> list[str]:
+    """16 copy-heavy tasks, interleaved: repeat a paragraph, rewrite a function adding a docstring."""
+    text = "\n\n".join((REPO / "docs" / f).read_text() for f in ("architecture.md", "kv_transfer.md", "api.md"))
+    paragraphs = [p.strip() for p in text.split("\n\n")
+                  if 400 <= len(p.strip()) <= 1200 and not p.lstrip().startswith(("```", "|", "#", "-"))][:8]
+    functions = []
+    for path in SOURCES:
+        text = (REPO / path).read_text()
+        fns = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)
+               and 8 <= (n.end_lineno or 0) - n.lineno <= 30]
+        functions.append(ast.get_source_segment(text, fns[0]) or "")
+    tasks = []
+    for para, code in zip(paragraphs, functions):
+        tasks.append(f"Repeat the following text exactly, word for word:\n\n{para}")
+        tasks.append(f"Here is a Python function:\n\n```python\n{code}\n```\n\nRewrite it exactly, adding a "
+                     "one-line docstring.")
+    return tasks
+
+
+def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(128)] for _ in range(n)]
+
+
+def make_core(path: Path, dtype: str, threads: int, batch: int, spec: str, k: int) -> EngineCore:
+    return EngineCore(EngineConfig(
+        ModelConfig(model_path=str(path), dtype=dtype, num_threads=threads),
+        CacheConfig(max_total_tokens=batch * 1600 + 4096),
+        SchedulerConfig(max_running_requests=max(batch, 1), max_prefill_tokens=8192),
+        speculative=SpeculativeConfig(speculative_algorithm=spec, speculative_num_draft_tokens=k)))
+
+
+def measure(core: EngineCore, prompts: list[list[int]], batch: int, max_new: int,
+            sampled: bool) -> dict[str, Any]:
+    spec = core.spec
+    drafted0, accepted0, verified0 = (spec.drafted, spec.accepted, spec.verifications) if spec else (0, 0, 0)
+    forwards, seconds, outputs = 0, 0.0, []
+    for g in range(0, len(prompts), batch):
+        reqs = [core.make_request(p, SamplingParams(max_new_tokens=max_new, temperature=1.0 if sampled else 0.0,
+                                                    seed=g + i if sampled else None, ignore_eos=sampled),
+                                  detokenize=False) for i, p in enumerate(prompts[g:g + batch])]
+        for r in reqs:
+            core.add_request(r)
+        while not all(r.output_ids for r in reqs):
+            core.step()
+        start = time.perf_counter()
+        while not all(r.finished for r in reqs):
+            core.step()
+            forwards += 1
+        seconds += time.perf_counter() - start
+        outputs += [r.output_ids for r in reqs]
+    tokens = sum(len(o) - 1 for o in outputs)
+    core.flush_cache()  # the next repeat computes its prompts again
+    out = {"tok_s": tokens / seconds, "tokens": tokens, "forwards": forwards, "outputs": outputs}
+    if spec is not None:
+        out["accept_ratio"] = (spec.accepted - accepted0) / max(1, spec.drafted - drafted0)
+        out["accepted_per_verify"] = (spec.accepted - accepted0) / max(1, spec.verifications - verified0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--workloads", nargs="+", default=["copy", "random"], choices=["copy", "random"])
+    ap.add_argument("--draft-tokens", type=int, default=SpeculativeConfig().speculative_num_draft_tokens)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/spec-smollm2.json"))
+    args = ap.parse_args()
+    path = model_dir(args.model)
+    rows: list[dict[str, Any]] = []
+    top = max(args.batches)
+    for dtype in args.dtypes:
+        cores = {v: make_core(path, dtype, args.threads, top, v, args.draft_tokens) for v in ("none", "ngram")}
+        tok = cores["none"].tokenizer
+        copy = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in copy_tasks()]
+        rand = random_prompts(max(top, 4), cores["none"].arch.vocab_size)
+        for batch in args.batches:
+            for workload in args.workloads:
+                prompts = (copy if workload == "copy" else rand)[:max(batch, 4)]
+                runs: dict[str, list[dict[str, float]]] = {"none": [], "ngram": []}
+                for rep in range(args.repeats):
+                    for v in (("none", "ngram") if rep % 2 == 0 else ("ngram", "none")):
+                        runs[v].append(measure(cores[v], prompts, batch, args.max_new_tokens, workload == "random"))
+                off = statistics.median(r["tok_s"] for r in runs["none"])
+                on = statistics.median(r["tok_s"] for r in runs["ngram"])
+                ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(runs["none"], runs["ngram"])]
+                rows.append({"dtype": dtype, "batch": batch, "workload": workload, "off_tok_s": off,
+                             "ngram_tok_s": on, "speedup": statistics.median(ratios),
+                             "accept_ratio": statistics.mean(r["accept_ratio"] for r in runs["ngram"]),
+                             "accepted_per_verify": statistics.mean(r["accepted_per_verify"] for r in runs["ngram"]),
+                             "forwards_off": runs["none"][0]["forwards"], "forwards_ngram": runs["ngram"][0]["forwards"],
+                             "tokens": runs["none"][0]["tokens"],
+                             "same_output": sum(a == b for a, b in zip(runs["none"][0]["outputs"],
+                                                                       runs["ngram"][0]["outputs"])) / len(prompts)})
+                print(table(rows[-1:], list(rows[-1])), flush=True)
+        del cores
+    print(table(rows, list(rows[0])))
+    write_json(Path(args.out), {"machine": machine(), "args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

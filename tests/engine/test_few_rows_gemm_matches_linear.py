@@ -1,0 +1,39 @@
+"""The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for every row count it takes
+(1-16), with and without bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks; and
+a float32 model on CPU routes its linear layers (and a tied LM head) through it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.linear import FewRowsLinear, few_rows_gemm, few_rows_kernel
+from tests.engine.conftest import make_core
+
+lib = few_rows_kernel()
+pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native kernel")
+
+
+@pytest.mark.parametrize("n, k", [(960, 576), (49, 64), (7, 333), (130, 17), (3, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_row_count_equals_f_linear(n: int, k: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    for m in range(1, 17):
+        x = torch.randn(m, k, generator=g)
+        want = F.linear(x, w, b)
+        got = few_rows_gemm(lib, x, w, b)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * k ** 0.5), f"{m} rows"
+    strided = torch.randn(5, 2 * k, generator=g)[:, :k]  # a non-contiguous input is copied first
+    assert torch.allclose(FewRowsLinear(w, b, lib)(strided), F.linear(strided, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path) -> None:
+    core = make_core(tiny_model_dir, dtype="float32")
+    layers = [m for m in core.model.modules() if isinstance(m, FewRowsLinear)]
+    assert len(layers) == 2 * 2 * core.arch.num_layers + (1 if core.model.lm_head is not None else 0)
+    if core.arch.tie_word_embeddings:
+        assert core.model.lm_head.weight.data_ptr() == core.model.embed_tokens.weight.data_ptr()

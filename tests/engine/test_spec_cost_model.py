@@ -1,0 +1,49 @@
+"""The speculation cost model keeps drafts only while they raise expected tokens per second: all of them when
+extra rows are free (a step bound by reading weights), none when every row costs as much as a decode (a step
+bound by arithmetic), and the best-accepted few in between; the step time is learnt as a line in the rows."""
+from __future__ import annotations
+
+import pytest
+
+from engine.spec.cost import StepCost, expected_accepted
+
+
+def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
+    cost = StepCost()
+    for rows in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144):
+        for _ in range(30):
+            cost.observe(rows, cost_of_rows(rows))
+    return cost
+
+
+def test_expected_accepted_is_a_geometric_sum() -> None:
+    assert expected_accepted(1.0, 4) == 4 and expected_accepted(0.0, 4) == 0
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+
+
+def test_a_cost_model_without_data_or_with_one_bucket_explores() -> None:
+    assert StepCost().choose(4, [(0.1, 4)] * 3) == 3
+    one = StepCost()
+    one.observe(4, 0.05)
+    assert one.choose(4, [(0.1, 4)] * 3) == 3
+
+
+def test_free_rows_keep_every_draft_that_may_be_accepted() -> None:
+    cost = learnt(lambda rows: 0.040)
+    assert cost.choose(4, [(0.9, 4), (0.5, 4), (0.05, 4)]) == 3
+
+
+def test_rows_that_cost_a_decode_each_keep_none() -> None:
+    cost = learnt(lambda rows: 0.005 * rows)
+    assert cost.choose(16, [(0.9, 4), (0.8, 4)]) == 0
+
+
+def test_in_between_only_the_well_accepted_drafts_are_kept() -> None:
+    cost = learnt(lambda rows: 0.040 + 0.004 * rows)  # a row costs a tenth of a one-row step
+    assert cost.choose(4, [(0.95, 4), (0.9, 4), (0.02, 4), (0.01, 4)]) == 2
+
+
+def test_estimates_follow_the_line_of_the_steps_seen() -> None:
+    cost = learnt(lambda rows: 0.02 + 0.01 * rows)
+    assert cost.estimate(6) == pytest.approx(0.08, rel=0.01)
+    assert cost.estimate(300) == pytest.approx(3.02, rel=0.01)
