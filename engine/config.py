@@ -121,7 +121,7 @@ class SpeculativeConfig:
         "help": "none, or ngram (prompt lookup: the tokens that followed the latest earlier occurrence of the "
                 "sequence's last n tokens, from its prompt or its output)", "choices": SPEC_ALGORITHMS})
     speculative_num_draft_tokens: int = field(default=4, metadata={
-        "help": "most draft tokens per request per step"})
+        "help": "most draft tokens per request per step (1-16)"})
     speculative_ngram_min: int = field(default=2, metadata={
         "help": "ngram: shortest suffix that may match (longer matches are tried first)"})
     speculative_ngram_max: int = field(default=4, metadata={"help": "ngram: longest suffix matched"})
@@ -131,8 +131,8 @@ class SpeculativeConfig:
         return self.speculative_algorithm != "none"
 
     def check(self) -> None:
-        if self.speculative_num_draft_tokens < 1:
-            raise EngineConfigError("--speculative-num-draft-tokens must be at least 1")
+        if not 1 <= self.speculative_num_draft_tokens <= 16:
+            raise EngineConfigError("--speculative-num-draft-tokens must be from 1 to 16")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
             raise EngineConfigError("--speculative-ngram-min must be at least 1 and at most --speculative-ngram-max")
 

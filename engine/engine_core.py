@@ -125,7 +125,7 @@ class EngineCore:
         self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
                          if cfg.grammar.grammar_backend == "xgrammar" else None)
         self.masks = MaskFiller(self.arch.vocab_size)
-        self.spec = create_speculator(cfg.speculative, drafter)
+        self.spec = create_speculator(cfg.speculative, self.arch.vocab_size, drafter)
         self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
@@ -286,12 +286,13 @@ class EngineCore:
                 failed.append((req, e))
                 del new[req]
         outputs += [self.fail_request(req, "sampling", e) for req, e in failed if not req.finished]
-        produced = self.scheduler.update(batch, new)
+        produced = self.scheduler.update(batch, new)  # n <= len(new[req]): a stop token may end a run early
         for req, n in produced.items():
             try:
                 jumped = self._follow_grammar(req) if req.grammar is not None else 0
-                out = self.token_output(req, lps[req], jumped, new=n)
-                out.drafted, out.accepted = drafts.get(req, (0, 0))
+                out = self.token_output(req, lps[req][:n], jumped, new=n)
+                if req in drafts:  # drafts kept among the tokens emitted (a stop may have cut the run)
+                    out.drafted, out.accepted = drafts[req][0], min(drafts[req][1], len(out.new_token_ids) - jumped - 1)
                 outputs.append(out)
             except Exception as e:  # noqa: BLE001 - this request's text, not the batch's
                 outputs.append(self.fail_request(req, "detokenization", e))

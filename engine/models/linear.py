@@ -113,7 +113,7 @@ class FewRowsLinear(nn.Module):
         self._lib = lib
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] in FEW_ROWS and x.dtype == torch.float32:
+        if x.dim() == 2 and x.shape[0] in FEW_ROWS and x.shape[1] == self.in_features and x.dtype == torch.float32:
             return few_rows_gemm(self._lib, x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -10,13 +10,13 @@ __all__ = ["DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "cre
            "split_rows"]
 
 
-def create_speculator(cfg: SpeculativeConfig, drafter: Drafter | None = None) -> Speculator | None:
+def create_speculator(cfg: SpeculativeConfig, vocab_size: int, drafter: Drafter | None = None) -> Speculator | None:
     """The configured speculator, or None; ``drafter`` (tests, offline use) replaces the configured one."""
     cfg.check()
     if drafter is not None:
-        return Speculator(cfg, drafter)
+        return Speculator(cfg, drafter, vocab_size)
     if not cfg.enabled:
         return None
     if cfg.speculative_algorithm == "ngram":
-        return Speculator(cfg, NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max))
+        return Speculator(cfg, NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max), vocab_size)
     raise EngineConfigError(f"--speculative-algorithm {cfg.speculative_algorithm!r} is unknown")

@@ -13,6 +13,7 @@ extra rows keeps being measured."""
 from __future__ import annotations
 
 DECAY = 0.98  # weight kept by the older steps at each new one (a memory of ~50 decode steps)
+TIE = 0.01  # expected tokens per second this close to the best count as as good
 
 
 def expected_accepted(rate: float, drafted: int) -> float:
@@ -41,16 +42,17 @@ class StepCost:
 
     def choose(self, decodes: int, drafts: list[tuple[float, int]]) -> int:
         """How many of ``drafts`` ((acceptance rate, draft length), best rate first) to verify alongside
-        ``decodes`` decoding requests."""
+        ``decodes`` decoding requests: the most whose expected tokens per second is within ``TIE`` of the best
+        choice's (more drafts at the same throughput still end each drafted request in fewer steps)."""
         base = self.estimate(decodes)
         if base is None or base <= 0:
             return len(drafts)
-        best, best_rate = 0, decodes / base
+        rates = [decodes / base]
         tokens, rows = float(decodes), decodes
-        for i, (rate, length) in enumerate(drafts, 1):
+        for rate, length in drafts:
             tokens += expected_accepted(rate, length)
             rows += length
-            cost = self.estimate(rows)
-            if cost is None or cost <= 0 or tokens / cost > best_rate:
-                best, best_rate = i, tokens / cost if cost else float("inf")
-        return best
+            cost = self.estimate(rows) or 0.0
+            rates.append(tokens / cost if cost > 0 else float("inf"))
+        best = max(rates)
+        return max(i for i, r in enumerate(rates) if r >= best * (1 - TIE))

@@ -12,6 +12,7 @@ one the grammar allows (and its mask is filled as if the drafts before it were a
 transfer still holds never draft."""
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from engine.spec.base import Drafter
 from engine.spec.cost import StepCost
 from engine.spec.verify import accepted
+
+log = logging.getLogger(__name__)
 
 MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
 EMA = 0.3  # weight of the newest verification in a request's acceptance average
@@ -38,9 +41,10 @@ class _Track:
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter) -> None:
+    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter, vocab_size: int) -> None:
         self.cfg = cfg
         self.drafter = drafter
+        self.vocab_size = vocab_size
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
         self.cost = StepCost()
         self._steps = 0
@@ -72,15 +76,31 @@ class Speculator:
         chosen = [(s, k) for s, k in zip(seqs, limits) if k > 0]
         if not chosen:
             return batch
-        drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
-        drafts = [d[:s.req.grammar.valid_prefix(d)] if d and s.req.grammar is not None else d
-                  for (s, _), d in zip(chosen, drafts)]
+        try:
+            drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
+        except Exception as e:  # noqa: BLE001 - a drafter's failure costs this step its drafts, nothing else
+            log.warning("drafter %s failed; the step decodes without drafts: %s: %s", self.drafter.name,
+                        type(e).__name__, e)
+            return batch
+        drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
         self._steps += 1
         keep = (len(found) if self._steps % PROBE_EVERY == 0 else
                 self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found]))
         return scheduler.with_drafts(batch, {req: d for _, req, d in found[:keep]})
+
+    def _checked(self, req: Request, draft: list[int]) -> list[int]:
+        """The draft up to its first token outside the vocabulary or refused by the request's grammar."""
+        bad = next((i for i, t in enumerate(draft) if not 0 <= t < self.vocab_size), len(draft))
+        draft = draft[:bad]
+        if draft and req.grammar is not None:
+            try:
+                draft = draft[:req.grammar.valid_prefix(draft)]
+            except Exception as e:  # noqa: BLE001 - this request goes without a draft; its grammar is checked again
+                log.warning("request %s: its grammar could not check a draft: %s: %s", req.rid, type(e).__name__, e)
+                return []
+        return draft
 
     def observe(self, batch: ScheduledBatch, seconds: float) -> None:
         """A step's time, learnt by its row count when it only decoded (a prefill chunk's time is not a row's)."""

@@ -104,7 +104,7 @@ def test_a_lone_request_with_an_oracle_takes_one_forward_per_k_plus_one_tokens(t
     assert forwards.count == 1 + -(-(60 - 1) // (K + 1))  # the prefill gives the first token
 
 
-def test_aborts_mid_draft_leave_no_page_behind(tiny_model_dir: Path, reference: dict) -> None:
+def test_aborting_speculating_requests_leaves_no_page_behind(tiny_model_dir: Path, reference: dict) -> None:
     ref = reference[0.0]
     core = make_core(tiny_model_dir, speculative=NGRAM, drafter=drafter_for("oracle", ref))
     got = run(core, prompts(8), [params(i) for i in range(8)], abort_after=4)
@@ -123,8 +123,9 @@ def test_stop_tokens_and_strings_inside_a_verified_draft_end_where_plain_decodin
     text = free.detok.text
     stop_string = text[len(text) // 2:len(text) // 2 + 2]
     stop_token = free.output_ids[23]
-    cases = [SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop=[stop_string]),
-             SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_token])]
+    cases = [SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop=[stop_string], logprobs=0),
+             SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_token],
+                            logprobs=0)]
     for sp in cases:
         (want,) = run(make_core(tiny_model_dir), [prompt], [sp], detokenize=True)
         core = make_core(tiny_model_dir, speculative=NGRAM, drafter=OracleDrafter({"r0": free.output_ids}))
@@ -132,6 +133,7 @@ def test_stop_tokens_and_strings_inside_a_verified_draft_end_where_plain_decodin
         assert want.finish_reason == "stop" and len(want.output_ids) < 40
         assert (got.output_ids, got.finish_reason, got.finish_detail, got.detok.text) == (
             want.output_ids, want.finish_reason, want.finish_detail, want.detok.text)
+        assert [lp.token_id for lp in got.output_logprobs] == got.output_ids, "one logprob per emitted token"
 
 
 def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, reference: dict) -> None:
@@ -180,3 +182,19 @@ def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_di
     assert core.spec.drafted > 0
     if drafter == "oracle":
         assert core.spec.accepted == core.spec.drafted
+
+
+class _Failing(OracleDrafter):
+    def propose(self, reqs, limits):  # noqa: ANN001, ANN201
+        if any(len(r.output_ids) == 7 for r in reqs):
+            raise RuntimeError("drafter bug")
+        return [[d if i % 2 else 10 ** 9 for i, d in enumerate(ds)] for ds in super().propose(reqs, limits)]
+
+
+def test_a_failing_drafter_or_an_out_of_vocabulary_draft_fails_no_request(tiny_model_dir: Path,
+                                                                          reference: dict) -> None:
+    """A drafter that raises costs its step the drafts; a draft token outside the vocabulary ends the draft."""
+    ref = reference[0.0]
+    core = make_core(tiny_model_dir, speculative=NGRAM, drafter=_Failing({r.rid: r.output_ids for r in ref}))
+    got = run(core, prompts(8), [params(i) for i in range(8)])
+    assert outcome(got) == outcome(ref)

@@ -72,7 +72,7 @@ def test_seeded_sampling_with_n_and_logprobs_is_identical(servers: tuple[Cluster
                      for c in sorted(r.choices, key=lambda c: c.index)])
     for other in outs[1:]:  # the same tokens; logprobs equal up to summation order (a verification computes
         for (text, tokens, lps), (want_text, want_tokens, want_lps) in zip(other, outs[0]):  # several rows at once)
-            assert (text, tokens) == (want_text, want_tokens)
+            assert (text, tokens) == (want_text, want_tokens) and len(lps) == len(want_lps)
             assert max(abs(a - b) for a, b in zip(lps, want_lps)) < 1e-4
     assert outs[0][0][0] != outs[0][1][0], "two different samples"
     for srv in (cluster.colocated, spec, cluster.prefill, cluster.decode):
