@@ -101,24 +101,26 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
     return y
 
 
-class FewRowsLinear(nn.Module):
-    """``y = x @ W.T + b`` for a float32 CPU weight (kept dense, shared with whoever owns it): FEW_ROWS rows through
-    the few-rows kernel, other row counts through ``F.linear``."""
+class FewRowsLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
+    FEW_ROWS rows through the few-rows kernel, other inputs through ``F.linear``. ``tied``: the weight belongs to
+    another module (the embeddings), so it is held outside this module's state_dict."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> None:
-        super().__init__()
-        self.weight = weight.detach().contiguous()
-        self.bias = None if bias is None else bias.detach().contiguous()
-        self.out_features, self.in_features = self.weight.shape
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False) -> None:
+        nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
+        self.out_features, self.in_features = weight.shape
+        if tied:
+            self.register_buffer("weight", weight.detach(), persistent=False)
+        else:
+            self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._lib = lib
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] in FEW_ROWS and x.shape[1] == self.in_features and x.dtype == torch.float32:
+        if (x.dim() == 2 and x.shape[0] in FEW_ROWS and x.shape[1] == self.in_features and x.dtype == torch.float32
+                and self.weight.is_contiguous()):
             return few_rows_gemm(self._lib, x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
@@ -134,6 +136,6 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib))
     if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
-        model.lm_head = FewRowsLinear(tied_lm_head, None, lib)
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True)
         targets.append(("lm_head", model.lm_head))
     return len(targets)
