@@ -133,7 +133,8 @@ def main() -> None:
                              "ngram_tok_s": on, "speedup": statistics.median(ratios),
                              "accept_ratio": statistics.mean(r["accept_ratio"] for r in runs["ngram"]),
                              "accepted_per_verify": statistics.mean(r["accepted_per_verify"] for r in runs["ngram"]),
-                             "forwards_off": runs["none"][0]["forwards"], "forwards_ngram": runs["ngram"][0]["forwards"],
+                             "forwards_off": runs["none"][0]["forwards"],
+                             "forwards_ngram": runs["ngram"][0]["forwards"],
                              "tokens": runs["none"][0]["tokens"],
                              "same_output": sum(a == b for a, b in zip(runs["none"][0]["outputs"],
                                                                        runs["ngram"][0]["outputs"])) / len(prompts)})

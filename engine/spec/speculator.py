@@ -36,8 +36,6 @@ class _Track:
     ema: float = 1.0  # optimistic: a new request drafts
     pause: int = 0  # steps left without drafting
     backoff: int = BACKOFF_MIN
-    drafted: int = 0  # totals over the request's life
-    accepted: int = 0
 
 
 class Speculator:
@@ -114,8 +112,6 @@ class Speculator:
         out = accepted(seq.draft, sampled)
         track = self._track(seq.req)
         k, hit = len(seq.draft), len(out) - 1
-        track.drafted += k
-        track.accepted += hit
         self.drafted += k
         self.accepted += hit
         self.verifications += 1
@@ -126,11 +122,6 @@ class Speculator:
         elif hit == k:
             track.backoff = BACKOFF_MIN
         return out
-
-    def speculated(self, req: Request) -> bool:
-        """Whether any draft of the request was verified."""
-        t = self._tracks.get(req)
-        return t is not None and t.drafted > 0
 
     def release(self, req: Request) -> None:
         self.drafter.release(req)
