@@ -108,7 +108,7 @@ class GrammarConfig:
         "choices": ("auto", "hermes", "llama3_json", "none")})
 
 
-SPEC_ALGORITHMS = ("none", "ngram")
+SPEC_ALGORITHMS = ("none", "ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -118,13 +118,21 @@ class SpeculativeConfig:
     and token for token with a seed)."""
 
     speculative_algorithm: str = field(default="none", metadata={
-        "help": "none, or ngram (prompt lookup: the tokens that followed the latest earlier occurrence of the "
-                "sequence's last n tokens, from its prompt or its output)", "choices": SPEC_ALGORITHMS})
+        "help": "none; ngram (prompt lookup: the tokens that followed the latest earlier occurrence of the "
+                "sequence's last n tokens, from its prompt or its output); or draft_model (a smaller model with the "
+                "same tokenizer, --speculative-draft-model-path, proposes greedily)", "choices": SPEC_ALGORITHMS})
     speculative_num_draft_tokens: int = field(default=4, metadata={
         "help": "most draft tokens per request per step (1-16)"})
     speculative_ngram_min: int = field(default=2, metadata={
         "help": "ngram: shortest suffix that may match (longer matches are tried first)"})
     speculative_ngram_max: int = field(default=4, metadata={"help": "ngram: longest suffix matched"})
+    speculative_draft_model_path: str | None = field(default=None, metadata={
+        "help": "draft_model: the draft's folder or .gguf file (as --model-path; its vocabulary must be the "
+                "target's). Its KV pool holds as many tokens as the target's, and the two share the memory "
+                "budget of --mem-fraction"})
+    speculative_draft_dtype: str = field(default="auto", metadata={
+        "help": "draft_model: the draft's weight and KV dtype; auto = the target's dtype (bfloat16 under a "
+                "float32 target gives a cheap draft of the same model)", "choices": DTYPES})
 
     @property
     def enabled(self) -> bool:
@@ -135,6 +143,9 @@ class SpeculativeConfig:
             raise EngineConfigError("--speculative-num-draft-tokens must be from 1 to 16")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
             raise EngineConfigError("--speculative-ngram-min must be at least 1 and at most --speculative-ngram-max")
+        if (self.speculative_algorithm == "draft_model") != (self.speculative_draft_model_path is not None):
+            raise EngineConfigError("--speculative-algorithm draft_model and --speculative-draft-model-path go "
+                                    "together: give both or neither")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.spec import Drafter, create_speculator, draft_rows, split_rows
+from engine.spec import Drafter, Speculator, create_drafter, draft_rows, split_rows
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,12 @@ class EngineCore:
             raise EngineConfigError("--page-size must be at least 1")
         kv_dtype = self.dtype if cfg.cache.kv_cache_dtype == "auto" else DTYPES[cfg.cache.kv_cache_dtype]
         probe = KVShape(self.arch.num_layers, 1, 1, self.arch.num_kv_heads, self.arch.head_dim, kv_dtype)
-        tokens = _pool_tokens(cfg, probe.bytes_per_token, self.device)
+        if drafter is None:
+            drafter = create_drafter(cfg.speculative, mc, self.tokenizer, self.arch.vocab_size, self.dtype,
+                                     self.device)
+        # one memory budget for the target's pool and a draft model's (both hold the same number of tokens)
+        tokens = _pool_tokens(cfg, probe.bytes_per_token + (drafter.kv_bytes_per_token if drafter else 0),
+                              self.device)
         num_pages = max(2, tokens // page + 1)  # +1: the reserved null page
         self.kv_shape = KVShape(self.arch.num_layers, num_pages, page, self.arch.num_kv_heads,
                                 self.arch.head_dim, kv_dtype)
@@ -125,7 +130,9 @@ class EngineCore:
         self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
                          if cfg.grammar.grammar_backend == "xgrammar" else None)
         self.masks = MaskFiller(self.arch.vocab_size)
-        self.spec = create_speculator(cfg.speculative, self.arch.vocab_size, drafter)
+        if drafter is not None:
+            drafter.allocate((num_pages - 1) * page, page)
+        self.spec = Speculator(cfg.speculative, drafter, self.arch.vocab_size) if drafter is not None else None
         self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "
@@ -402,3 +409,5 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+        if self.spec is not None:
+            self.spec.drafter.check_integrity()

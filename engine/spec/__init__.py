@@ -1,22 +1,29 @@
-"""Speculative decoding: drafters (engine/spec/base.py), verification (verify.py) and the per-step glue with its
-adaptive policy (speculator.py)."""
-from engine.config import EngineConfigError, SpeculativeConfig
+"""Speculative decoding: drafters (engine/spec/base.py: n-gram lookup, a draft model), verification (verify.py)
+and the per-step glue with its adaptive policy (speculator.py)."""
+from __future__ import annotations
+
+import torch
+
+from engine.config import EngineConfigError, ModelConfig, SpeculativeConfig
 from engine.spec.base import Drafter
 from engine.spec.ngram import NgramDrafter
 from engine.spec.speculator import Speculator
 from engine.spec.verify import DraftRow, accepted, draft_rows, split_rows
+from engine.tokenizer import Tokenizer
 
-__all__ = ["DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_speculator", "draft_rows",
+__all__ = ["DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_drafter", "draft_rows",
            "split_rows"]
 
 
-def create_speculator(cfg: SpeculativeConfig, vocab_size: int, drafter: Drafter | None = None) -> Speculator | None:
-    """The configured speculator, or None; ``drafter`` (tests, offline use) replaces the configured one."""
+def create_drafter(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Tokenizer, vocab_size: int,
+                   dtype: torch.dtype, device: torch.device) -> Drafter | None:
+    """The configured drafter (a draft model is loaded here, its pool comes later), or None."""
     cfg.check()
-    if drafter is not None:
-        return Speculator(cfg, drafter, vocab_size)
-    if not cfg.enabled:
+    if cfg.speculative_algorithm == "none":
         return None
     if cfg.speculative_algorithm == "ngram":
-        return Speculator(cfg, NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max), vocab_size)
+        return NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max)
+    if cfg.speculative_algorithm == "draft_model":
+        from engine.spec.draft_model import load_draft_model
+        return load_draft_model(cfg, target, tokenizer, vocab_size, dtype, device)
     raise EngineConfigError(f"--speculative-algorithm {cfg.speculative_algorithm!r} is unknown")

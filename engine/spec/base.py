@@ -1,6 +1,8 @@
 """The drafter interface: a drafter proposes a few tokens to follow each decoding request's sequence; one forward
-pass of the target model then verifies them (engine/spec/verify.py). Drafters hold no pages and write no request
-field; one with per-request state (an index, a draft model's KV) drops it in ``release``."""
+pass of the target model then verifies them (engine/spec/verify.py). Drafters hold none of the target's pages and
+write no request field; one with per-request state (an index, a draft model's KV) drops it in ``release``. A
+drafter with a KV pool of its own states its size per token, so the engine splits one memory budget between the
+two pools, and gets its pool (as many tokens as the target's) from ``allocate``."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -10,6 +12,7 @@ from engine.request import Request
 
 class Drafter(ABC):
     name: str
+    kv_bytes_per_token: int = 0  # the drafter's own KV bytes per token of a sequence (0: it keeps no KV)
 
     @abstractmethod
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
@@ -17,5 +20,11 @@ class Drafter(ABC):
         prompt and output so far. A drafter proposes one token per position (a chain); the verifier accepts the
         longest prefix the target agrees with."""
 
+    def allocate(self, num_tokens: int, page_size: int) -> None:
+        """Build the drafter's KV pool for ``num_tokens`` tokens (called once, before the first proposal)."""
+
     def release(self, req: Request) -> None:
         """The request left the engine: forget what was kept for it."""
+
+    def check_integrity(self) -> None:
+        """Raise unless the drafter's own pages are each free or held by exactly one live request."""

@@ -9,10 +9,13 @@ while they raise the expected tokens per second of the step (engine/spec/cost.py
 from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
 A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
 one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
-transfer still holds never draft."""
+transfer still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the
+expected tokens per second with its drafts, its own time counted (learnt like the step's, by drafted tokens),
+beat plain decoding; the probe steps draft regardless, so the estimate follows the requests' acceptance."""
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -20,7 +23,7 @@ from engine.config import SpeculativeConfig
 from engine.request import Request
 from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from engine.spec.base import Drafter
-from engine.spec.cost import StepCost
+from engine.spec.cost import StepCost, expected_accepted
 from engine.spec.verify import accepted
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,9 @@ class Speculator:
         self.drafter = drafter
         self.vocab_size = vocab_size
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
+        cfg.check()
         self.cost = StepCost()
+        self.draft_cost = StepCost()  # the drafter's own seconds, by tokens asked for
         self._steps = 0
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
@@ -74,19 +79,34 @@ class Speculator:
         chosen = [(s, k) for s, k in zip(seqs, limits) if k > 0]
         if not chosen:
             return batch
+        self._steps += 1
+        probe = self._steps % PROBE_EVERY == 0
+        if not probe and not self._pays(len(seqs), chosen):
+            return batch
+        start = time.perf_counter()
         try:
             drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
         except Exception as e:  # noqa: BLE001 - a drafter's failure costs this step its drafts, nothing else
             log.warning("drafter %s failed; the step decodes without drafts: %s: %s", self.drafter.name,
                         type(e).__name__, e)
             return batch
+        self.draft_cost.observe(sum(k for _, k in chosen), time.perf_counter() - start)
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
-        self._steps += 1
-        keep = (len(found) if self._steps % PROBE_EVERY == 0 else
-                self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found]))
+        keep = len(found) if probe else self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found])
         return scheduler.with_drafts(batch, {req: d for _, req, d in found[:keep]})
+
+    def _pays(self, decodes: int, chosen: list[tuple[ScheduledSeq, int]]) -> bool:
+        """Whether drafting for ``chosen`` is expected to beat plain decoding in tokens per second, the
+        drafter's own time included (unknown costs count as zero: drafting explores them)."""
+        base = self.cost.estimate(decodes)
+        if base is None or base <= 0:
+            return True
+        asked = sum(k for _, k in chosen)
+        spent = (self.cost.estimate(decodes + asked) or 0.0) + (self.draft_cost.estimate(asked) or 0.0)
+        tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
+        return spent <= 0 or tokens / spent > decodes / base
 
     def _checked(self, req: Request, draft: list[int]) -> list[int]:
         """The draft up to its first token outside the vocabulary or refused by the request's grammar."""

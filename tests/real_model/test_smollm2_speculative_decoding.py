@@ -1,5 +1,5 @@
-"""On the real model, n-gram speculative decoding (a colocated server, and a decode worker behind the PD router)
-gives exactly the output of a server without it, through the real ``openai`` client: greedy chat on copy-heavy
+"""On the real model, speculative decoding (n-gram on a colocated server; a draft model, SmolLM2 itself in bfloat16
+under the float32 target, on a decode worker behind the PD router) gives exactly the output of a server without it, through the real ``openai`` client: greedy chat on copy-heavy
 and ordinary prompts (with a stop string that falls inside accepted drafts), streamed and not, and seeded sampling
 with n = 2 and logprobs. The copy task really speculates (accepted drafts counted on both speculating servers) and
 every pool returns to idle."""
@@ -28,7 +28,9 @@ NAME = "--served-model-name"
 def servers(smollm2_gguf: Path) -> Iterator[tuple[Cluster, object]]:
     spec_colocated = start_colocated(smollm2_gguf, NAME, SERVED_NAME, *SPEC)
     try:
-        for cluster in run_cluster(smollm2_gguf, *SPEC, flags=(NAME, SERVED_NAME)):
+        draft = ("--speculative-algorithm", "draft_model", "--speculative-draft-model-path", str(smollm2_gguf),
+                 "--speculative-draft-dtype", "bfloat16")
+        for cluster in run_cluster(smollm2_gguf, *draft, flags=(NAME, SERVED_NAME)):
             spec_colocated.wait_ready()
             yield cluster, spec_colocated
     finally:
@@ -56,9 +58,10 @@ def test_greedy_chat_is_identical_with_speculation(servers: tuple[Cluster, objec
             assert outs[1] == outs[0] and outs[2] == outs[0], task
     stopped = [chat(u, TASKS[0], max_tokens=80, temperature=0, stop=["NVLink"]) for u in urls]
     assert stopped[0][1] == "stop" and "NVLink" not in stopped[0][0] and stopped[1:] == [stopped[0]] * 2
-    for srv in (spec, cluster.decode):
-        accepted = metric_sum(srv.url, "splitserve_spec_accepted_tokens_total")
-        assert accepted > 20, f"{srv.url} accepted {accepted} draft tokens on the copy task"
+    accepted = metric_sum(spec.url, "splitserve_spec_accepted_tokens_total")
+    assert accepted > 20, f"the n-gram server accepted {accepted} draft tokens on the copy task"
+    # the draft model drafts only while its cost pays (learnt on the machine), so only some drafts are asserted
+    assert metric_sum(cluster.decode.url, "splitserve_spec_accepted_tokens_total") > 0
     assert metric_sum(cluster.colocated.url, "splitserve_spec_draft_tokens_total") == 0
 
 
