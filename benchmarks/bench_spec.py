@@ -1,5 +1,7 @@
-"""Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` on the same engine
-settings, for each dtype and batch size, with the variants interleaved in every repeat (2-core hosts are noisy).
+"""Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` and ``draft_model`` on
+the same engine settings, for each dtype and batch size, with the variants interleaved in every repeat (2-core
+hosts are noisy). The draft model is ``--draft-model`` in ``--draft-dtype`` (default: the target itself in
+bfloat16; ``benchmarks/early_exit_draft.py`` writes a cheaper, layer-truncated draft).
 
 Workloads (both variants produce the same tokens, so the comparison is work for work):
 - ``copy`` (greedy): chat requests that repeat a paragraph given in the prompt, or rewrite a given function with
@@ -11,12 +13,13 @@ Workloads (both variants produce the same tokens, so the comparison is work for 
 Each measurement runs max(B, 4) requests in groups of B (so batch 1 averages over 4 tasks, not one): a group
 starts at once, steps until all have their first token, then its decode is timed; reported is output tokens
 after the first over the groups' decode time. Reported per variant: decode tokens/s, forward
-passes, accepted / drafted tokens, mean accepted drafts per verification, and the ratio ngram / off of the same
+passes, accepted / drafted tokens, mean accepted drafts per verification, and the ratio variant / off of the same
 repeat (the median over repeats), and the share of requests whose output was the same in both variants (in
 float32 all of them; in bfloat16 a verification's rows are computed in a batch of another size, and a near-tie
 between two tokens can go the other way, as it can when the batch size changes without speculation).
 
     python -m benchmarks.bench_spec --model smollm2 --dtypes float32 bfloat16 --batches 1 4 16 --repeats 3
+    python -m benchmarks.bench_spec --variants ngram draft_model --draft-model /tmp/smollm2-8l --draft-dtype auto
 """
 from __future__ import annotations
 
@@ -63,12 +66,12 @@ def random_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(100, vocab) for _ in range(128)] for _ in range(n)]
 
 
-def make_core(path: Path, dtype: str, threads: int, batch: int, spec: str, k: int) -> EngineCore:
+def make_core(path: Path, dtype: str, threads: int, batch: int, spec: SpeculativeConfig) -> EngineCore:
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(path), dtype=dtype, num_threads=threads),
         CacheConfig(max_total_tokens=batch * 1600 + 4096),
         SchedulerConfig(max_running_requests=max(batch, 1), max_prefill_tokens=8192),
-        speculative=SpeculativeConfig(speculative_algorithm=spec, speculative_num_draft_tokens=k)))
+        speculative=spec))
 
 
 def measure(core: EngineCore, prompts: list[list[int]], batch: int, max_new: int,
@@ -105,6 +108,9 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--workloads", nargs="+", default=["copy", "random"], choices=["copy", "random"])
+    ap.add_argument("--variants", nargs="+", default=["ngram", "draft_model"], choices=["ngram", "draft_model"])
+    ap.add_argument("--draft-model", default=None, help="draft_model's checkpoint (default: the target itself)")
+    ap.add_argument("--draft-dtype", default="bfloat16")
     ap.add_argument("--draft-tokens", type=int, default=SpeculativeConfig().speculative_num_draft_tokens)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
@@ -112,32 +118,39 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/spec-smollm2.json"))
     args = ap.parse_args()
     path = model_dir(args.model)
+    specs = {"none": SpeculativeConfig(),
+             "ngram": SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=args.draft_tokens),
+             "draft_model": SpeculativeConfig(
+                 speculative_algorithm="draft_model", speculative_num_draft_tokens=args.draft_tokens,
+                 speculative_draft_model_path=args.draft_model or str(path), speculative_draft_dtype=args.draft_dtype)}
+    variants = ["none", *args.variants]
     rows: list[dict[str, Any]] = []
     top = max(args.batches)
     for dtype in args.dtypes:
-        cores = {v: make_core(path, dtype, args.threads, top, v, args.draft_tokens) for v in ("none", "ngram")}
+        cores = {v: make_core(path, dtype, args.threads, top, specs[v]) for v in variants}
         tok = cores["none"].tokenizer
         copy = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in copy_tasks()]
         rand = random_prompts(max(top, 4), cores["none"].arch.vocab_size)
         for batch in args.batches:
             for workload in args.workloads:
                 prompts = (copy if workload == "copy" else rand)[:max(batch, 4)]
-                runs: dict[str, list[dict[str, float]]] = {"none": [], "ngram": []}
+                runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
                 for rep in range(args.repeats):
-                    for v in (("none", "ngram") if rep % 2 == 0 else ("ngram", "none")):
+                    for v in variants[rep % len(variants):] + variants[:rep % len(variants)]:
                         runs[v].append(measure(cores[v], prompts, batch, args.max_new_tokens, workload == "random"))
-                off = statistics.median(r["tok_s"] for r in runs["none"])
-                on = statistics.median(r["tok_s"] for r in runs["ngram"])
-                ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(runs["none"], runs["ngram"])]
-                rows.append({"dtype": dtype, "batch": batch, "workload": workload, "off_tok_s": off,
-                             "ngram_tok_s": on, "speedup": statistics.median(ratios),
-                             "accept_ratio": statistics.mean(r["accept_ratio"] for r in runs["ngram"]),
-                             "accepted_per_verify": statistics.mean(r["accepted_per_verify"] for r in runs["ngram"]),
-                             "forwards_off": runs["none"][0]["forwards"],
-                             "forwards_ngram": runs["ngram"][0]["forwards"],
-                             "tokens": runs["none"][0]["tokens"],
-                             "same_output": sum(a == b for a, b in zip(runs["none"][0]["outputs"],
-                                                                       runs["ngram"][0]["outputs"])) / len(prompts)})
+                base = runs["none"]
+                row: dict[str, Any] = {"dtype": dtype, "batch": batch, "workload": workload,
+                                       "off_tok_s": statistics.median(r["tok_s"] for r in base),
+                                       "tokens": base[0]["tokens"], "forwards_off": base[0]["forwards"]}
+                for v in args.variants:
+                    row[f"{v}_tok_s"] = statistics.median(r["tok_s"] for r in runs[v])
+                    row[f"{v}_speedup"] = statistics.median(b["tok_s"] / a["tok_s"] for a, b in zip(base, runs[v]))
+                    row[f"{v}_accept_ratio"] = statistics.mean(r["accept_ratio"] for r in runs[v])
+                    row[f"{v}_accepted_per_verify"] = statistics.mean(r["accepted_per_verify"] for r in runs[v])
+                    row[f"{v}_forwards"] = runs[v][0]["forwards"]
+                    row[f"{v}_same_output"] = sum(a == b for a, b in zip(base[0]["outputs"], runs[v][0]["outputs"])
+                                                  ) / len(prompts)
+                rows.append(row)
                 print(table(rows[-1:], list(rows[-1])), flush=True)
         del cores
     print(table(rows, list(rows[0])))

@@ -49,3 +49,11 @@ class CountingForwards:
             self.count += 1
             return forward(batch)
         core.runner.forward = wrapped
+
+
+def always_draft(core):  # noqa: ANN001, ANN201 - an EngineCore
+    """Turn off the speculator's cost decisions (whether a step drafts, how many drafts it keeps): they follow
+    measured step times, which tests must not depend on. Acceptance-based pauses stay."""
+    core.spec._pays = lambda *_: True
+    core.spec.cost.choose = lambda decodes, drafts: len(drafts)
+    return core

@@ -3,7 +3,8 @@ their pages), ``verify`` turns each request's sampled rows into the tokens it em
 
 Who speculates (measured on SmolLM2, see docs/benchmarks.md): a request whose drafts keep being rejected pays for
 the extra rows of every verification and gains nothing, so each request tracks its acceptance (an exponential
-average of accepted / drafted). Below ``MIN_ACCEPT`` it stops drafting for a while, twice as long after each
+average of accepted / drafted, starting from the average over all requests so far, so on a workload that
+rarely accepts a new request does not start out optimistic). Below ``MIN_ACCEPT`` it stops drafting for a while, twice as long after each
 failed probe, and drafts again to probe. Of the drafts proposed for a step, the best-accepted ones are kept
 while they raise the expected tokens per second of the step (engine/spec/cost.py: step time by rows, learnt
 from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
@@ -30,13 +31,15 @@ log = logging.getLogger(__name__)
 
 MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
 EMA = 0.3  # weight of the newest verification in a request's acceptance average
+GLOBAL_EMA = 0.05  # the same over every request's verifications: a new request's prior
+CHEAP = 0.05  # a drafter whose time is below this share of a step's is left to the per-draft choice
 BACKOFF_MIN, BACKOFF_MAX = 4, 256  # steps a request pauses after its acceptance fell below MIN_ACCEPT
 PROBE_EVERY = 64  # drafting steps: one in this many keeps every draft, so the step cost of its rows is re-measured
 
 
 @dataclass
 class _Track:
-    ema: float = 1.0  # optimistic: a new request drafts
+    ema: float  # a new request starts from the speculator's acceptance over all requests
     pause: int = 0  # steps left without drafting
     backoff: int = BACKOFF_MIN
 
@@ -51,6 +54,7 @@ class Speculator:
         self.cost = StepCost()
         self.draft_cost = StepCost()  # the drafter's own seconds, by tokens asked for
         self._steps = 0
+        self.acceptance = 1.0  # optimistic at start: the first requests draft
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
@@ -58,7 +62,7 @@ class Speculator:
     def _track(self, req: Request) -> _Track:
         t = self._tracks.get(req)
         if t is None:
-            t = self._tracks[req] = _Track()
+            t = self._tracks[req] = _Track(self.acceptance)
         return t
 
     def _limit(self, seq: ScheduledSeq) -> int:
@@ -104,7 +108,10 @@ class Speculator:
         if base is None or base <= 0:
             return True
         asked = sum(k for _, k in chosen)
-        spent = (self.cost.estimate(decodes + asked) or 0.0) + (self.draft_cost.estimate(asked) or 0.0)
+        own = self.draft_cost.estimate(asked) or 0.0
+        if own < CHEAP * base:
+            return True
+        spent = (self.cost.estimate(decodes + asked) or 0.0) + own
         tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
         return spent <= 0 or tokens / spent > decodes / base
 
@@ -136,6 +143,7 @@ class Speculator:
         self.accepted += hit
         self.verifications += 1
         track.ema = (1 - EMA) * track.ema + EMA * hit / k
+        self.acceptance = (1 - GLOBAL_EMA) * self.acceptance + GLOBAL_EMA * hit / k
         if track.ema < MIN_ACCEPT:
             track.pause, track.backoff = track.backoff, min(BACKOFF_MAX, track.backoff * 2)
             track.ema = MIN_ACCEPT  # the probe after the pause starts at the threshold

@@ -2,7 +2,9 @@
 model as its own draft (nearly every draft accepted, so the target's forward count drops) and with a differently
 seeded tiny model as the draft (most drafts rejected), a mixed batch with retraction and aborts gives the same
 tokens as without speculation; afterwards both pools pass their integrity checks and every page of both returns.
-A draft model whose vocabulary differs from the target's is refused at start-up, naming the flag."""
+A draft model whose vocabulary differs from the target's is refused at start-up, naming the flag. (The tiny draft
+costs about as much as the tiny target, so the speculator's cost gate would rightly keep it off most steps:
+``always_draft`` turns the gate off to exercise drafting on every step.)"""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,7 @@ import pytest
 from engine.config import EngineConfigError, SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.tiny_model import write_tiny_model
-from tests.drafters import CountingForwards
+from tests.drafters import CountingForwards, always_draft
 from tests.engine.conftest import make_core
 from tests.engine.test_speculative_decoding_is_lossless import K, outcome, params, prompts, run
 
@@ -22,13 +24,6 @@ from tests.engine.test_speculative_decoding_is_lossless import K, outcome, param
 def draft_config(path: Path, k: int = K) -> SpeculativeConfig:
     return SpeculativeConfig(speculative_algorithm="draft_model", speculative_draft_model_path=str(path),
                              speculative_num_draft_tokens=k)
-
-
-def always_draft(core: EngineCore) -> EngineCore:
-    """The tiny draft costs about as much as the tiny target, so the speculator's cost gate would (rightly) keep
-    it off most steps; these tests turn the gate off to exercise drafting on every step."""
-    core.spec._pays = lambda *_: True
-    return core
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,60 @@
+"""The speculator's policy, fed known costs: a drafter with a time of its own drafts only while its drafts are
+expected to raise tokens per second with that time counted (a slow draft model with middling acceptance does not;
+a fast one does; a drafter costing next to nothing is left to the per-draft choice), and a new request's
+acceptance prior is the acceptance seen over all requests so far."""
+from __future__ import annotations
+
+from engine.config import SpeculativeConfig
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+from engine.spec import Speculator
+from tests.drafters import RandomDrafter
+from tests.engine.test_spec_cost_model import learnt
+
+CFG = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=4)
+
+
+def request(rid: str) -> Request:
+    return Request(rid, [5, 6, 7], SamplingParams(temperature=0), 64, output_ids=[8])
+
+
+def speculator(step_seconds: float, draft_seconds: float) -> Speculator:
+    spec = Speculator(CFG, RandomDrafter(100), 100)
+    spec.cost = learnt(lambda rows: step_seconds)  # a step bound by reading weights: rows are free
+    for _ in range(20):
+        spec.draft_cost.observe(4, draft_seconds)
+    return spec
+
+
+def decoding(req: Request) -> ScheduledSeq:
+    return ScheduledSeq(req, req.seq_len - 1, 1, sample=True)
+
+
+def test_a_slow_drafter_drafts_only_when_acceptance_pays_for_it() -> None:
+    slow = speculator(0.040, 0.200)  # four draft tokens cost five target steps
+    req = request("a")
+    slow._track(req).ema = 0.9  # ~3.1 tokens expected per verification: not worth 0.24 s against 0.04 s a token
+    assert not slow._pays(1, [(decoding(req), 4)])
+    fast = speculator(0.040, 0.030)
+    fast._track(req).ema = 0.9
+    assert fast._pays(1, [(decoding(req), 4)])
+    fast._track(req).ema = 0.05  # almost nothing accepted: even a fast drafter does not pay
+    assert not fast._pays(1, [(decoding(req), 4)])
+
+
+def test_a_drafter_that_costs_next_to_nothing_is_left_to_the_per_draft_choice() -> None:
+    cheap = speculator(0.040, 0.0005)
+    req = request("a")
+    cheap._track(req).ema = 0.01
+    assert cheap._pays(1, [(decoding(req), 4)])
+
+
+def test_a_new_request_starts_from_the_acceptance_seen_so_far() -> None:
+    spec = speculator(0.040, 0.0005)
+    assert spec._track(request("first")).ema == 1.0
+    for i in range(40):  # every draft rejected: the target sampled other tokens
+        req = request(f"r{i}")
+        seq = ScheduledSeq(req, req.seq_len - 1, 5, sample=True, draft=(1, 2, 3, 4))
+        assert spec.verify(seq, [9, 9, 9, 9, 9]) == [9]
+    assert spec._track(request("late")).ema < 0.2
