@@ -13,6 +13,9 @@ from engine.request import Request
 class Drafter(ABC):
     name: str
     kv_bytes_per_token: int = 0  # the drafter's own KV bytes per token of a sequence (0: it keeps no KV)
+    # seconds the last proposal spent drafting proper, when it also did other work (a draft model catching up on
+    # a prompt); None: the whole proposal is drafting
+    draft_seconds: float | None = None
 
     @abstractmethod
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:

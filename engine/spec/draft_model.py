@@ -17,7 +17,9 @@ request accepts a draft token with the target's probability of it."""
 from __future__ import annotations
 
 import logging
+import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +63,10 @@ class DraftModelDrafter(Drafter):
         self.kv_bytes_per_token = KVShape(arch.num_layers, 1, 1, arch.num_kv_heads, arch.head_dim,
                                           kv_dtype).bytes_per_token
         self._shadows: weakref.WeakKeyDictionary[Request, _Shadow] = weakref.WeakKeyDictionary()
+        # pages of shadows whose request was dropped without release (a finalizer may run on any thread, so
+        # it only queues them; propose frees them on the engine thread)
+        self._orphans: deque[list[int]] = deque()
+        self.draft_seconds: float | None = None
         self.allocator: PageAllocator | None = None
         self.runner: ModelRunner | None = None
         self.page_size = 0
@@ -84,6 +90,7 @@ class DraftModelDrafter(Drafter):
         sh = self._shadows.get(req)
         if sh is None:
             sh = self._shadows[req] = _Shadow(Request(req.rid, req.tokens(0, length), _PLAIN, 0), length)
+            weakref.finalize(req, self._orphans.append, sh.seq.pages)  # release() empties that same list
             return sh
         ids = sh.seq.prompt_ids
         new = req.tokens(sh.seen, length)
@@ -107,19 +114,21 @@ class DraftModelDrafter(Drafter):
         assert self.allocator is not None
         need = pages_for(tokens, self.page_size) - len(sh.seq.pages)
         if need > self.allocator.available:
-            for req, other in list(self._shadows.items()):
-                if id(other) not in keep and other.seq.pages:
-                    self.release(req)
-                    if need <= self.allocator.available:
-                        break
-        if need > self.allocator.available:
-            return False
+            idle = [(req, other) for req, other in self._shadows.items() if id(other) not in keep and other.seq.pages]
+            if need > self.allocator.available + sum(len(other.seq.pages) for _, other in idle):
+                return False  # not even all of them would do: keep their KV
+            for req, _ in idle:
+                self.release(req)
+                if need <= self.allocator.available:
+                    break
         sh.seq.pages.extend(self.allocator.alloc(need) or [])
         return True
 
     # -- proposing -------------------------------------------------------------------------------------------------
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
-        assert self.runner is not None, "allocate() comes first"
+        assert self.runner is not None and self.allocator is not None, "allocate() comes first"
+        while self._orphans:
+            self.allocator.free(self._orphans.popleft())
         out: list[list[int]] = [[] for _ in reqs]
         shadows = [self._sync(r) if k > 0 else None for r, k in zip(reqs, limits)]
         keep = {id(sh) for sh in shadows if sh is not None}
@@ -134,7 +143,8 @@ class DraftModelDrafter(Drafter):
             todo = length - seq.kv_len
             if length + k > self.arch.max_position_embeddings:
                 continue
-            if todo > max(budget, 1):  # catch up by a chunk this step, draft on a later one
+            if todo > max(budget, k + 1):  # catch up by a chunk this step, draft on a later one (a few
+                # tokens, the ones a verification emits, never wait for the budget)
                 if budget > 0 and self._grow(sh, seq.kv_len + budget, keep):
                     first.append(ScheduledSeq(seq, seq.kv_len, budget, sample=False))
                     budget = 0
@@ -144,10 +154,15 @@ class DraftModelDrafter(Drafter):
             budget -= todo
             first.append(ScheduledSeq(seq, seq.kv_len, todo, sample=True))
             drafting.append((i, sh, k))
-        if first:
-            self._round(first)
+        catch_up = [s for s in first if not s.sample]
+        if catch_up:
+            self._round(catch_up)
+        start = time.perf_counter()  # the drafting proper (the speculator weighs it against what drafts save)
+        if len(catch_up) < len(first):
+            self._round([s for s in first if s.sample])
         for r in range(1, max((k for _, _, k in drafting), default=0)):
             self._round([ScheduledSeq(sh.seq, sh.seq.kv_len, 1, sample=True) for _, sh, k in drafting if k > r])
+        self.draft_seconds = time.perf_counter() - start
         for i, sh, k in drafting:
             out[i] = sh.seq.prompt_ids[sh.seen:sh.seen + k]
         return out
@@ -166,7 +181,7 @@ class DraftModelDrafter(Drafter):
         sh = self._shadows.pop(req, None)
         if sh is not None and self.allocator is not None:
             self.allocator.free(sh.seq.pages)
-            sh.seq.pages = []
+            sh.seq.pages.clear()
 
     def check_integrity(self) -> None:
         if self.allocator is not None:
@@ -181,14 +196,18 @@ def load_draft_model(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Tok
     """Load the draft model; refuse one whose vocabulary differs from the target's (its drafts would be other
     tokens' ids)."""
     assert cfg.speculative_draft_model_path is not None
-    source = resolve_model_path(cfg.speculative_draft_model_path)
+    path = cfg.speculative_draft_model_path
+    source = resolve_model_path(path)
     draft_tokenizer = Tokenizer(source.folder)
     if draft_tokenizer.hf.get_vocab() != tokenizer.hf.get_vocab():
-        raise EngineConfigError(f"--speculative-draft-model-path {cfg.speculative_draft_model_path}: its tokenizer's "
-                                "vocabulary differs from the target model's; a draft model must share the target's "
-                                "tokenizer")
+        raise EngineConfigError(f"--speculative-draft-model-path {path}: its tokenizer's vocabulary differs from the "
+                                "target model's; a draft model must share the target's tokenizer")
     dtype = str(target_dtype).replace("torch.", "") if cfg.speculative_draft_dtype == "auto" else \
         cfg.speculative_draft_dtype
     model, arch, torch_dtype = load_model(source.folder, dtype, device, prepack=target.weight_prepack,
                                           gguf=source.gguf)
+    if arch.vocab_size < vocab_size:
+        raise EngineConfigError(f"--speculative-draft-model-path {path}: its embedding has {arch.vocab_size} rows, "
+                                f"fewer than the target's {vocab_size} token ids; the draft could not read every "
+                                "token the target may see")
     return DraftModelDrafter(model, arch, torch_dtype, device, target.attention_backend, vocab_size)

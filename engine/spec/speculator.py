@@ -52,7 +52,7 @@ class Speculator:
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
         cfg.check()
         self.cost = StepCost()
-        self.draft_cost = StepCost()  # the drafter's own seconds, by tokens asked for
+        self.draft_cost = StepCost()  # the drafter's own seconds, by tokens proposed
         self._steps = 0
         self.acceptance = 1.0  # optimistic at start: the first requests draft
         self.drafted = 0  # draft tokens verified, and kept, since start
@@ -94,7 +94,10 @@ class Speculator:
             log.warning("drafter %s failed; the step decodes without drafts: %s: %s", self.drafter.name,
                         type(e).__name__, e)
             return batch
-        self.draft_cost.observe(sum(k for _, k in chosen), time.perf_counter() - start)
+        spent = time.perf_counter() - start if self.drafter.draft_seconds is None else self.drafter.draft_seconds
+        proposed = sum(len(d) for d in drafts)
+        if proposed:
+            self.draft_cost.observe(proposed, spent)
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
