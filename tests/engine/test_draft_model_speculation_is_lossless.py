@@ -109,3 +109,21 @@ def test_draft_model_flags_go_together(tiny_model_dir: Path) -> None:
         make_core(tiny_model_dir, speculative=SpeculativeConfig(speculative_draft_model_path=str(tiny_model_dir)))
     with pytest.raises(EngineConfigError, match="give both or neither"):
         make_core(tiny_model_dir, speculative=SpeculativeConfig(speculative_algorithm="draft_model"))
+
+
+def test_a_request_dropped_without_release_gives_its_draft_pages_back(tiny_model_dir: Path) -> None:
+    import gc
+
+    from engine.sampling_params import SamplingParams
+
+    core = make_core(tiny_model_dir, speculative=draft_config(tiny_model_dir))
+    drafter = core.spec.drafter
+    req = core.make_request(prompts(1)[0], SamplingParams(max_new_tokens=8), detokenize=False)
+    req.output_ids = [11]
+    (draft,) = drafter.propose([req], [K])
+    assert len(draft) == K and drafter.allocator.available < drafter.allocator.capacity
+    del req
+    gc.collect()
+    drafter.propose([], [])
+    assert drafter.allocator.available == drafter.allocator.capacity
+    drafter.check_integrity()
