@@ -1,7 +1,7 @@
 """Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` and ``draft_model`` on
 the same engine settings, for each dtype and batch size, with the variants interleaved in every repeat (2-core
 hosts are noisy). The draft model is ``--draft-model`` in ``--draft-dtype`` (default: the target itself in
-bfloat16; ``benchmarks/early_exit_draft.py`` writes a cheaper, layer-truncated draft).
+bfloat16; ``benchmarks/export_checkpoint.py --layers N`` writes a cheaper, layer-truncated draft).
 
 Workloads (both variants produce the same tokens, so the comparison is work for work):
 - ``copy`` (greedy): chat requests that repeat a paragraph given in the prompt, or rewrite a given function with

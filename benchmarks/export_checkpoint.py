@@ -1,10 +1,12 @@
-"""Write an early-exit draft of a checkpoint: its first N decoder layers with its own final norm and LM head, as
-a Hugging Face folder (safetensors, config.json with num_hidden_layers = N, the tokenizer files), so it shares the
-target's tokenizer by construction. No smaller model with SmolLM2's tokenizer ships here; this is the cheapest
-draft of it that exists. Untrained for exit at layer N, it agrees with the full model less often than a
-distilled draft would (bench_spec measures how often).
+"""Write a benchmark model (SmolLM2's GGUF by default) as a Hugging Face safetensors folder, for peers that read
+only those (vLLM's CPU build), or an early-exit draft of it: its first N decoder layers with its own final norm and
+LM head (config.json says num_hidden_layers = N), which shares the model's tokenizer by construction. No smaller
+model with SmolLM2's tokenizer ships here; the early-exit draft is the cheapest draft of it there is. Untrained
+for exit at layer N, it agrees with the full model far less often than a distilled draft would (bench_spec
+measures how often).
 
-    python -m benchmarks.early_exit_draft --model smollm2 --layers 8 --out /tmp/smollm2-8l
+    python -m benchmarks.export_checkpoint --out /tmp/smollm2-hf
+    python -m benchmarks.export_checkpoint --layers 8 --out /tmp/smollm2-8l
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ from engine.models.source import resolve_model_path
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def write_early_exit(model: str, layers: int, out: Path) -> Path:
+def export(model: str, out: Path, layers: int | None = None) -> Path:
     source = resolve_model_path(str(model_dir(model)))
     config = json.loads((source.folder / "config.json").read_text())
-    if not 0 < layers < config["num_hidden_layers"]:
-        raise SystemExit(f"--layers must be from 1 to {config['num_hidden_layers'] - 1}")
+    layers = config["num_hidden_layers"] if layers is None else layers
+    if not 0 < layers <= config["num_hidden_layers"]:
+        raise SystemExit(f"--layers must be from 1 to {config['num_hidden_layers']}")
     out.mkdir(parents=True, exist_ok=True)
     kept: dict[str, torch.Tensor] = {}
     for name, tensor in _checkpoint_tensors(source.folder, source.gguf):
@@ -47,10 +50,10 @@ def write_early_exit(model: str, layers: int, out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers (default: all)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    print(write_early_exit(args.model, args.layers, args.out))
+    print(export(args.model, args.out, args.layers))
 
 
 if __name__ == "__main__":
