@@ -122,10 +122,11 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 class Process:
-    """A server started as ``python -m MODULE --port N ...`` on 127.0.0.1, logging to a temporary file."""
+    """A server started as ``python -m MODULE --port N ...`` on 127.0.0.1, logging to a temporary file
+    (``python``: another interpreter, e.g. a peer's virtualenv)."""
 
     def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None,
-                 cwd: Path | None = None, port: int | None = None) -> None:
+                 cwd: Path | None = None, port: int | None = None, python: str | None = None) -> None:
         import subprocess
         import sys
         import tempfile
@@ -134,7 +135,7 @@ class Process:
         self.port = port or Process.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{module}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],
+        self.proc = subprocess.Popen([python or sys.executable, "-m", module, "--port", str(self.port), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **(env or {})}, cwd=cwd)
 

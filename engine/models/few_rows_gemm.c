@@ -1,19 +1,22 @@
-/* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) in float32 for a few rows of x (M <= 16): the linear layers of a
- * small decode batch or of a speculative verification (1 + draft tokens rows).
+/* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) in float32 for a few rows of x (M <= 64): the linear layers of a
+ * small decode batch or of a speculative verification (1 + draft tokens rows per request).
  *
  * Why: from 4 rows on, MKL's sgemm behind F.linear leaves its single-row (GEMV) path and the matmul costs
  * 2-3x the single-row time (measured on SmolLM2's shapes: the 49152 x 576 LM head took 3.2 ms for 1 row and
- * 9.3 ms for 5). Here every weight row is read once from memory and the few x rows stay in L1. Measured on
- * SmolLM2's shapes (2 threads): 1.2-2.3x faster than F.linear for 4-8 rows (the LM head: 4.7 ms for 5 rows, vs
- * 5.6); slower for 1-3 rows (MKL's GEMV path) and mixed at 16, which F.linear keeps.
+ * 9.3 ms for 5). Here every weight row is read once from memory and the few x rows stay in L1/L2. Measured on
+ * SmolLM2's shapes (2 threads, an AVX-512 host): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20
+ * on the decoder layers' shapes (1.2-1.9x on the LM head), slower from 24 rows; engine/models/linear.py's
+ * FEW_ROWS says which row counts come here.
  *
  * Each weight row is read once and dotted with every x row (16 lanes at a time with GCC vector extensions:
- * AVX-512 where the compiler targets it, two AVX2 halves otherwise); the tail of K runs scalar. Parallel over
- * blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
+ * AVX-512 where the compiler targets it, two AVX2 halves otherwise); the tail of K runs scalar. Up to 16 x rows
+ * keep an accumulator each in registers; more are taken 8 at a time against the weight row, which stays in L1.
+ * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_ROWS 16
+#define MAX_ROWS 64
+#define REG_ROWS 16 /* up to this many x rows keep one accumulator each in registers; more go in tiles of 8 */
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -38,7 +41,7 @@ static inline float hsum(v16 v) {
  * software prefetching slower. */
 static inline __attribute__((always_inline)) void row_dot(const float *x, int k_dim, const int rows,
                                                           const float *w, float bias, float *y, int n_total) {
-    v16 acc[MAX_ROWS];
+    v16 acc[REG_ROWS];
     for (int i = 0; i < rows; i++) acc[i] = (v16){0};
     const int kv = k_dim & ~15;
     for (int k = 0; k < kv; k += 16) {
@@ -56,11 +59,27 @@ static inline __attribute__((always_inline)) void row_dot(const float *x, int k_
 #define ROWS_CASE(R) \
     case R: for (int r = 0; r < nb; r++) row_dot(x, k, R, wb + (int64_t)r * k, bb ? bb[r] : 0.0f, yb + r, n); break;
 
+#define TILE_CASE(R) case R: row_dot(x, k, R, w, bias, y, n); break;
+
+/* up to 8 x rows against one weight row (a constant row count per case) */
+static inline void tile_dot(const float *x, int k, int rows, const float *w, float bias, float *y, int n) {
+    switch (rows) {
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+    }
+}
+
 /* all m rows against weight rows [n0, n0 + nb) */
 static void block(const float *x, const float *w, const float *bias, float *y, int m, int n, int k, int n0,
                   int nb) {
     const float *wb = w + (int64_t)n0 * k, *bb = bias ? bias + n0 : 0;
     float *yb = y + n0;
+    if (m > REG_ROWS) { /* each weight row once from memory, then from L1 for every tile of 8 x rows (in L2) */
+        for (int r = 0; r < nb; r++)
+            for (int t = 0; t < m; t += 8)
+                tile_dot(x + (int64_t)t * k, k, m - t < 8 ? m - t : 8, wb + (int64_t)r * k, bb ? bb[r] : 0.0f,
+                         yb + (int64_t)t * n + r, n);
+        return;
+    }
     switch (m) { /* a constant row count, so each loop is fully unrolled */
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
         ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13) ROWS_CASE(14) ROWS_CASE(15)

@@ -10,14 +10,19 @@ rows), and the decode gain is a few percent, so by default (``auto``) only bfloa
 ``on`` packs float32 too. Float32 results differ from ``F.linear`` only by summation order (about 1e-7
 relative). Only CPU weights are packed.
 
-Float32 weights that are not packed go through ``FewRowsLinear``: for 4-8 rows (a small decode batch, a
+Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) a native kernel (few_rows_gemm.c) reads each weight row once, where MKL's sgemm
-packs the whole weight per call and took 2-3x the one-row time; other row counts keep ``F.linear``."""
+packs the whole weight per call. Which row counts it takes is measured when the model loads
+(``calibrate_rows``: each count from 1 to 32 on one of the model's own layer shapes, the kernel against
+``F.linear``), because the answer depends on the host: on an AMD EPYC (AVX-512) the kernel was 1.6-2.8x faster
+than MKL even for one row and lost from 24 rows on; an earlier host's MKL was as fast for 1-3 rows."""
 from __future__ import annotations
 
 import ctypes
 import functools
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -77,7 +82,7 @@ def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) 
     return len(targets)
 
 
-FEW_ROWS = range(4, 9)  # rows the few-rows kernel takes (1-3 rows: MKL's GEMV path was as fast or faster; 9-16: mixed)
+CALIBRATE_ROWS = range(1, 33)  # row counts timed at load (the kernel takes up to 64)
 
 
 @functools.cache
@@ -90,7 +95,7 @@ def few_rows_kernel() -> ctypes.CDLL | None:
 
 
 def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for float32 CPU tensors with rows in FEW_ROWS (weight contiguous)."""
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors of at most 64 rows (weight contiguous)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     rc = lib.splitserve_few_rows_gemm(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
@@ -103,10 +108,11 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
 
 class FewRowsLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
-    FEW_ROWS rows through the few-rows kernel, other inputs through ``F.linear``. ``tied``: the weight belongs to
-    another module (the embeddings), so it is held outside this module's state_dict."""
+    ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``. ``tied``: the weight
+    belongs to another module (the embeddings), so it is held outside this module's state_dict."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
+                 rows: frozenset[int] = frozenset(range(1, 21))) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -115,9 +121,10 @@ class FewRowsLinear(nn.Linear):
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._lib = lib
+        self.rows = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 2 and x.shape[0] in FEW_ROWS and x.shape[1] == self.in_features and x.dtype == torch.float32
+        if (x.dim() == 2 and x.shape[0] in self.rows and x.shape[1] == self.in_features and x.dtype == torch.float32
                 and self.weight.is_contiguous()):
             return few_rows_gemm(self._lib, x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -131,11 +138,56 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
         return 0
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
+    if not targets:
+        return 0
+    widest = max((mod.weight for _, mod in targets),  # the largest decoder-layer weight (not an LM head)
+                 key=lambda w: w.shape[0] * w.shape[1] if w.shape[0] <= 8192 else 0)
+    rows = calibrate_rows(lib, widest)
+    log.info("few-rows kernel for %s rows (timed against F.linear on a %d x %d weight)",
+             _ranges(rows) or "no", widest.shape[0], widest.shape[1])
+    if not rows:
+        return 0
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib))
+        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows))
     if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
-        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True)
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows)
         targets.append(("lm_head", model.lm_head))
     return len(targets)
+
+
+def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3) -> frozenset[int]:
+    """The row counts in CALIBRATE_ROWS for which the kernel beat ``F.linear`` on ``weight`` here (best of
+    ``reps`` timings each, interleaved). A few hundred calls of one layer's shape: well under a second."""
+
+    def best(fn: Callable[[], object]) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    g = torch.Generator().manual_seed(0)
+    won = set()
+    with torch.inference_mode():
+        for m in CALIBRATE_ROWS:
+            x = torch.randn(m, weight.shape[1], generator=g)
+            if best(lambda: few_rows_gemm(lib, x, weight, None)) < best(lambda: F.linear(x, weight)):
+                won.add(m)
+    return frozenset(won)
+
+
+def _ranges(rows: frozenset[int]) -> str:
+    """1-3, 5, 7-20"""
+    out, run = [], []
+    for r in sorted(rows):
+        if run and r != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(r)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)

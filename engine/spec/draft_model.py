@@ -133,7 +133,8 @@ class DraftModelDrafter(Drafter):
         shadows = [self._sync(r) if k > 0 else None for r, k in zip(reqs, limits)]
         keep = {id(sh) for sh in shadows if sh is not None}
         budget = PREFILL_BUDGET
-        first: list[ScheduledSeq] = []
+        catch_up: list[ScheduledSeq] = []  # prompt (or long-skipped) tokens: KV only
+        first: list[ScheduledSeq] = []  # the newest tokens, sampled for the first draft
         drafting: list[tuple[int, _Shadow, int]] = []  # (index, shadow, draft length)
         for i, (sh, k) in enumerate(zip(shadows, limits)):
             if sh is None:
@@ -143,23 +144,25 @@ class DraftModelDrafter(Drafter):
             todo = length - seq.kv_len
             if length + k > self.arch.max_position_embeddings:
                 continue
-            if todo > max(budget, k + 1):  # catch up by a chunk this step, draft on a later one (a few
-                # tokens, the ones a verification emits, never wait for the budget)
+            if todo > max(budget, k + 1):  # catch up by a chunk this step, draft on a later one (the few
+                # tokens a verification emits never wait for the budget)
                 if budget > 0 and self._grow(sh, seq.kv_len + budget, keep):
-                    first.append(ScheduledSeq(seq, seq.kv_len, budget, sample=False))
+                    catch_up.append(ScheduledSeq(seq, seq.kv_len, budget, sample=False))
                     budget = 0
                 continue
             if not self._grow(sh, length + k - 1, keep):
                 continue
             budget -= todo
-            first.append(ScheduledSeq(seq, seq.kv_len, todo, sample=True))
+            last = min(todo, k + 1)  # what a verification emits is drafting work; more is catching up
+            if todo > last:
+                catch_up.append(ScheduledSeq(seq, seq.kv_len, todo - last, sample=False))
+            first.append(ScheduledSeq(seq, length - last, last, sample=True))
             drafting.append((i, sh, k))
-        catch_up = [s for s in first if not s.sample]
         if catch_up:
             self._round(catch_up)
         start = time.perf_counter()  # the drafting proper (the speculator weighs it against what drafts save)
-        if len(catch_up) < len(first):
-            self._round([s for s in first if s.sample])
+        if first:
+            self._round(first)
         for r in range(1, max((k for _, _, k in drafting), default=0)):
             self._round([ScheduledSeq(sh.seq, sh.seq.kv_len, 1, sample=True) for _, sh, k in drafting if k > r])
         self.draft_seconds = time.perf_counter() - start

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.linear import FewRowsLinear, few_rows_gemm, few_rows_kernel
+from engine.models.linear import CALIBRATE_ROWS, FewRowsLinear, calibrate_rows, few_rows_gemm, few_rows_kernel
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -22,7 +22,7 @@ def test_every_row_count_equals_f_linear(n: int, k: int, bias: bool) -> None:
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    for m in range(1, 17):
+    for m in [*range(1, 25), 33, 64]:  # up to 16 rows in registers, more in tiles of 8 (a partial one too)
         x = torch.randn(m, k, generator=g)
         want = F.linear(x, w, b)
         got = few_rows_gemm(lib, x, w, b)
@@ -37,3 +37,19 @@ def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path) ->
     assert len(layers) == 2 * 2 * core.arch.num_layers + (1 if core.model.lm_head is not None else 0)
     if core.arch.tie_word_embeddings:
         assert core.model.lm_head.weight.data_ptr() == core.model.embed_tokens.weight.data_ptr()
+
+
+def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
+    """The calibration times the kernel against F.linear for each row count; a FewRowsLinear routes exactly those
+    counts to the kernel (the result, unlike the values, depends on the host)."""
+    w = torch.randn(3072, 576, generator=torch.Generator().manual_seed(1))
+    rows = calibrate_rows(lib, w, reps=1)
+    assert rows <= set(CALIBRATE_ROWS)
+    layer = FewRowsLinear(w, None, lib, rows=frozenset({3}))
+    calls = []
+    layer._lib = type("Spy", (), {"splitserve_few_rows_gemm": lambda self, *a: calls.append(a[4]) or
+                                  lib.splitserve_few_rows_gemm(*a)})()
+    for m in (2, 3, 4):
+        x = torch.randn(m, 576)
+        assert torch.allclose(layer(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    assert calls == [3]
