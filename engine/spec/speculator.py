@@ -12,7 +12,9 @@ A constrained request's drafts are cut at the first token its grammar refuses, s
 one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
 transfer still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the
 expected tokens per second with its drafts, its own time counted (learnt like the step's, by drafted tokens),
-beat plain decoding; the probe steps draft regardless, so the estimate follows the requests' acceptance."""
+beat plain decoding; the probe steps draft regardless, so the estimate follows the requests' acceptance, and
+while the gate stays shut each probe comes twice as late as the last (64 steps up to 2048), so a draft model
+that does not pay costs little more than its memory."""
 from __future__ import annotations
 
 import logging
@@ -35,6 +37,7 @@ GLOBAL_EMA = 0.05  # the same over every request's verifications: a new request'
 CHEAP = 0.05  # a drafter whose time is below this share of a step's is left to the per-draft choice
 BACKOFF_MIN, BACKOFF_MAX = 4, 256  # steps a request pauses after its acceptance fell below MIN_ACCEPT
 PROBE_EVERY = 64  # drafting steps: one in this many keeps every draft, so the step cost of its rows is re-measured
+PROBE_MAX = 2048  # the longest probe interval, reached while a costly drafter keeps not paying
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Speculator:
         self.cost = StepCost()
         self.draft_cost = StepCost()  # the drafter's own seconds, by tokens proposed
         self._steps = 0
+        self._probe_every = PROBE_EVERY
+        self._next_probe = PROBE_EVERY
         self.acceptance = 1.0  # optimistic at start: the first requests draft
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
@@ -84,8 +89,12 @@ class Speculator:
         if not chosen:
             return batch
         self._steps += 1
-        probe = self._steps % PROBE_EVERY == 0
-        if not probe and not self._pays(len(seqs), chosen):
+        pays = self._pays(len(seqs), chosen)
+        probe = self._steps >= self._next_probe
+        if probe:  # a probe while drafting does not pay comes twice as late next time (it costs the drafter's time)
+            self._probe_every = PROBE_EVERY if pays else min(PROBE_MAX, 2 * self._probe_every)
+            self._next_probe = self._steps + self._probe_every
+        elif not pays:
             return batch
         start = time.perf_counter()
         try:

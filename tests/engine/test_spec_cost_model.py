@@ -1,6 +1,7 @@
 """The speculation cost model keeps drafts only while they raise expected tokens per second: all of them when
 extra rows are free (a step bound by reading weights), none when every row costs as much as a decode (a step
-bound by arithmetic), and the best-accepted few in between; the step time is learnt as a line in the rows."""
+bound by arithmetic), and the best-accepted few in between; the step time is learnt per row count, read
+between counts as a non-decreasing line."""
 from __future__ import annotations
 
 import pytest
@@ -47,3 +48,27 @@ def test_estimates_follow_the_line_of_the_steps_seen() -> None:
     cost = learnt(lambda rows: 0.02 + 0.01 * rows)
     assert cost.estimate(6) == pytest.approx(0.08, rel=0.01)
     assert cost.estimate(300) == pytest.approx(3.02, rel=0.01)
+
+
+def test_a_few_cheap_steps_are_not_drowned_by_many_drafted_ones() -> None:
+    """Flat to 5 rows (bound by reading weights), then 3 ms a row (bound by arithmetic), as measured for SmolLM2
+    in float32 at batch 4; most steps seen are drafted ones of 12-20 rows. A single line through them misplaces
+    the 4-row step (measured: 42 ms where those steps took 24 ms); per row count it stays 24 ms, and drafts
+    accepted 73% of the time no longer all pay."""
+    def real(rows: int) -> float:
+        return 0.024 + 0.003 * max(0, rows - 5)
+    cost = StepCost()
+    for i in range(200):
+        rows = 4 if i % 10 == 0 else (12, 16, 20)[i % 3]
+        cost.observe(rows, real(rows))
+    assert cost.estimate(4) == pytest.approx(0.024)
+    assert cost.estimate(14) == pytest.approx(real(14), rel=0.05)
+    assert cost.choose(4, [(0.73, 4)] * 4) < 4
+
+
+def test_estimates_never_fall_as_rows_grow() -> None:
+    cost = StepCost()
+    for rows, seconds in ((4, 0.030), (8, 0.020), (16, 0.060)):  # a lucky 8-row step
+        cost.observe(rows, seconds)
+    estimates = [cost.estimate(r) for r in range(1, 40)]
+    assert estimates == sorted(estimates) and cost.estimate(8) == pytest.approx(0.030)

@@ -58,3 +58,32 @@ def test_a_new_request_starts_from_the_acceptance_seen_so_far() -> None:
         seq = ScheduledSeq(req, req.seq_len - 1, 5, sample=True, draft=(1, 2, 3, 4))
         assert spec.verify(seq, [9, 9, 9, 9, 9]) == [9]
     assert spec._track(request("late")).ema < 0.2
+
+
+class _Costly(RandomDrafter):
+    """Random drafts that report 0.2 s of drafting each (far more than a tiny-model step)."""
+
+    name = "costly"
+    draft_seconds = 0.2
+
+    def __init__(self) -> None:
+        super().__init__(100)
+        self.calls = 0
+
+    def propose(self, reqs, limits):  # noqa: ANN001, ANN201
+        self.calls += 1
+        return super().propose(reqs, limits)
+
+
+def test_a_drafter_that_does_not_pay_is_probed_ever_more_rarely(tiny_model_dir) -> None:  # noqa: ANN001
+    from tests.engine.conftest import make_core
+
+    drafter = _Costly()
+    core = make_core(tiny_model_dir, speculative=CFG, drafter=drafter)
+    req = core.make_request([5, 6, 7, 8], SamplingParams(max_new_tokens=400, temperature=0, ignore_eos=True),
+                            detokenize=False)
+    core.run_to_completion([req])
+    # the first step or two draft (no cost known yet, or only a cold first step's); then the probes at decode
+    # steps 64 and 192 (64 + 128), where a fixed interval would probe at 64, 128, ..., 384 (six times)
+    assert drafter.calls <= 4, f"{drafter.calls} proposals in 400 steps"
+    assert len(req.output_ids) == 400
