@@ -162,11 +162,11 @@ class Process:
         import signal
         import subprocess
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: children (a peer's workers) go too
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
 
     @staticmethod

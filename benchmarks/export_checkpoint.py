@@ -42,7 +42,7 @@ def export(model: str, out: Path, layers: int | None = None) -> Path:
     config.update(num_hidden_layers=layers, torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for f in source.folder.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
             shutil.copy(f, out / f.name)
     return out
 
