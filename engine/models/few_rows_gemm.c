@@ -5,8 +5,8 @@
  * 2-3x the single-row time (measured on SmolLM2's shapes: the 49152 x 576 LM head took 3.2 ms for 1 row and
  * 9.3 ms for 5). Here every weight row is read once from memory and the few x rows stay in L1/L2. Measured on
  * SmolLM2's shapes (2 threads, an AVX-512 host): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20
- * on the decoder layers' shapes (1.2-1.9x on the LM head), slower from 24 rows; engine/models/linear.py's
- * FEW_ROWS says which row counts come here.
+ * on the decoder layers' shapes (1.2-1.9x on the LM head), slower from 24 rows; engine/models/linear.py
+ * measures at load which row counts come here.
  *
  * Each weight row is read once and dotted with every x row (16 lanes at a time with GCC vector extensions:
  * AVX-512 where the compiler targets it, two AVX2 halves otherwise); the tail of K runs scalar. Up to 16 x rows

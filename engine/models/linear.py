@@ -83,6 +83,8 @@ def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) 
 
 
 CALIBRATE_ROWS = range(1, 33)  # row counts timed at load (the kernel takes up to 64)
+CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
+DEFAULT_ROWS = frozenset(range(1, 21))  # their row counts (the kernel won for all of them where it was timed)
 
 
 @functools.cache
@@ -112,7 +114,7 @@ class FewRowsLinear(nn.Linear):
     belongs to another module (the embeddings), so it is held outside this module's state_dict."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
-                 rows: frozenset[int] = frozenset(range(1, 21))) -> None:
+                 rows: frozenset[int] = DEFAULT_ROWS) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -141,10 +143,12 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     if not targets:
         return 0
     widest = max((mod.weight for _, mod in targets),  # the largest decoder-layer weight (not an LM head)
-                 key=lambda w: w.shape[0] * w.shape[1] if w.shape[0] <= 8192 else 0)
-    rows = calibrate_rows(lib, widest)
-    log.info("few-rows kernel for %s rows (timed against F.linear on a %d x %d weight)",
-             _ranges(rows) or "no", widest.shape[0], widest.shape[1])
+                 key=lambda w: (w.shape[0] <= 8192, w.shape[0] * w.shape[1]))
+    # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default
+    rows = calibrate_rows(lib, widest) if widest.numel() >= CALIBRATE_MIN else DEFAULT_ROWS
+    log.info("few-rows kernel for %s rows (%s on a %d x %d weight)", _ranges(rows) or "no",
+             "timed against F.linear" if rows is not DEFAULT_ROWS else "the default: too small to time",
+             widest.shape[0], widest.shape[1])
     if not rows:
         return 0
     for name, mod in targets:

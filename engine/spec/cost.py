@@ -35,9 +35,12 @@ class StepCost:
         self._table: list[tuple[int, float]] | None = None  # sorted (rows, non-decreasing seconds), rebuilt lazily
 
     def observe(self, rows: int, seconds: float) -> None:
+        least = min(self._weight, default=rows)
         for r in list(self._weight):
             self._weight[r] *= DECAY
-            if self._weight[r] < FORGET and r != rows:  # not seen for ~350 steps: the load it saw is gone
+            # not seen for ~350 steps: the load it saw is gone (but the fewest rows, plain decoding's step, are
+            # kept: steps that all draft never measure it again)
+            if self._weight[r] < FORGET and r != rows and r != least:
                 del self._weight[r], self._mean[r]
         w = self._weight.get(rows, 0.0)
         self._mean[rows] = (self._mean.get(rows, 0.0) * w + seconds) / (w + 1)

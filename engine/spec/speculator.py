@@ -91,10 +91,10 @@ class Speculator:
         self._steps += 1
         pays = self._pays(len(seqs), chosen)
         probe = self._steps >= self._next_probe
-        if probe:  # a probe while drafting does not pay comes twice as late next time (it costs the drafter's time)
-            self._probe_every = PROBE_EVERY if pays else min(PROBE_MAX, 2 * self._probe_every)
-            self._next_probe = self._steps + self._probe_every
-        elif not pays:
+        if pays:
+            self._probe_every = PROBE_EVERY
+            self._next_probe = min(self._next_probe, self._steps + PROBE_EVERY)
+        elif not probe:
             return batch
         start = time.perf_counter()
         try:
@@ -107,6 +107,11 @@ class Speculator:
         proposed = sum(len(d) for d in drafts)
         if proposed:
             self.draft_cost.observe(proposed, spent)
+        if probe:  # a probe while drafting does not pay comes twice as late next time (it costs the drafter's
+            # time); one that found nothing to verify (a draft model still catching up) is tried again next step
+            if not pays and proposed:
+                self._probe_every = min(PROBE_MAX, 2 * self._probe_every)
+            self._next_probe = self._steps + (1 if not pays and not proposed else self._probe_every)
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
