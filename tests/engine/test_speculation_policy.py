@@ -87,3 +87,32 @@ def test_a_drafter_that_does_not_pay_is_probed_ever_more_rarely(tiny_model_dir) 
     # steps 64 and 192 (64 + 128), where a fixed interval would probe at 64, 128, ..., 384 (six times)
     assert drafter.calls <= 4, f"{drafter.calls} proposals in 400 steps"
     assert len(req.output_ids) == 400
+
+
+class _CatchingUp(_Costly):
+    """Like _Costly, but its first proposal at a probe finds nothing to offer (a draft model still prefilling
+    what it missed while the gate was shut)."""
+
+    def __init__(self, core_steps) -> None:  # noqa: ANN001 - returns the speculator's step count
+        super().__init__()
+        self.steps = core_steps
+        self.at: list[int] = []
+
+    def propose(self, reqs, limits):  # noqa: ANN001, ANN201
+        self.at.append(self.steps())
+        drafts = super().propose(reqs, limits)
+        return [[] for _ in reqs] if self.at[-1] == 64 else drafts
+
+
+def test_a_probe_that_found_nothing_to_verify_is_retried_on_the_next_step(tiny_model_dir) -> None:  # noqa: ANN001
+    from tests.engine.conftest import make_core
+
+    holder: list = []
+    drafter = _CatchingUp(lambda: holder[0].spec._steps)
+    core = make_core(tiny_model_dir, speculative=CFG, drafter=drafter)
+    holder.append(core)
+    req = core.make_request([5, 6, 7, 8], SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True),
+                            detokenize=False)
+    core.run_to_completion([req])
+    assert 64 in drafter.at and 65 in drafter.at, drafter.at
+    assert 128 not in drafter.at, "the retried probe, not the empty one, sets the next interval"
