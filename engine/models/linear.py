@@ -84,7 +84,9 @@ def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) 
 
 CALIBRATE_ROWS = range(1, 33)  # row counts timed at load (the kernel takes up to 64)
 CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
-DEFAULT_ROWS = frozenset(range(1, 21))  # their row counts (the kernel won for all of them where it was timed)
+# their row counts: 1-3 rows stay on MKL's single-row path for them, as before calibration (with the kernel there
+# too, the tiny model's PD logprobs differed from the colocated server's in the 4th decimal: not yet understood)
+DEFAULT_ROWS = frozenset(range(4, 21))
 
 
 @functools.cache
