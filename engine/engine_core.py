@@ -150,15 +150,16 @@ class EngineCore:
             raise ValueError("a request's grammar must be compiled before the request is made")
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        bad = next((t for t in prompt_ids if not 0 <= t < self.arch.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {self.arch.vocab_size})",
-                                      param="input_ids")
         room = self.context_length - len(prompt_ids)
         if room < 1:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_ids)} tokens; this model's context length is {self.context_length} "
                 f"(prompt + output), so shorten the prompt", param="prompt", code="context_length_exceeded")
+        # after the length check: a prompt far over the context is refused without a scan of its ids
+        bad = next((t for t in prompt_ids if not 0 <= t < self.arch.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {self.arch.vocab_size})",
+                                      param="input_ids")
         max_new = sampling.max_new_tokens if sampling.max_new_tokens is not None else room
         if max_new > room:
             raise InvalidRequestError(

@@ -16,6 +16,7 @@ from engine.engine_core import StepOutput
 from engine.metrics import EngineMetrics
 from engine.request import Abort, Request
 from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.server import text_pool
 from engine.server.errors import APIError
 from engine.server.protocol import RoutingFields
 
@@ -179,10 +180,10 @@ def check_text_fits(ctx: ServingContext, chars: int, param: str) -> None:
 
 
 async def off_loop(chars: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args), on a worker thread when the text it works on is long."""
+    """fn(*args), on a text thread (``text_pool``: one per size class) when the text it works on is long."""
     if chars <= INLINE_TEXT_CHARS:
         return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    return await text_pool.run(chars, fn, *args)
 
 
 async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt") -> list[int]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from engine.server import text_pool
 from engine.server.serving import INLINE_TEXT_CHARS, ServingContext, prompt_from_chat, prompt_from_text
 from engine.tokenizer import Tokenizer
 from tests.pd.conftest import Cluster, wait_pool_idle
@@ -68,3 +69,43 @@ def test_long_texts_are_tokenized_off_the_event_loop(tiny_model_dir) -> None:  #
     asyncio.run(run())
     assert tok.threads[0] is loop_thread  # short: inline, a thread hop would cost more
     assert all(t is not loop_thread for t in tok.threads[1:3]) and len(tok.threads) == 3
+
+
+class HeldTokenizer:
+    """The model's real tokenizer, except that encoding a huge text waits until released; notes how many huge
+    encodes ran at once."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.release = tok, threading.Event()
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.tok, name)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > text_pool.HUGE_TEXT_CHARS:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            self.release.wait(30)
+            with self.lock:
+                self.running -= 1
+        return self.tok.encode(text, add_special_tokens)
+
+
+def test_huge_texts_take_one_thread_and_long_ones_do_not_wait_behind_them(tiny_model_dir) -> None:  # noqa: ANN001
+    tok = HeldTokenizer(Tokenizer(tiny_model_dir))
+    ctx = ServingContext(engine=SimpleNamespace(core=SimpleNamespace(tokenizer=tok, context_length=1 << 30)),
+                         metrics=None)  # type: ignore[arg-type]
+    huge, long = "hello there " * (text_pool.HUGE_TEXT_CHARS // 8), "hello there " * (INLINE_TEXT_CHARS // 4)
+
+    async def run() -> None:
+        held = [asyncio.ensure_future(prompt_from_text(ctx, huge)) for _ in range(4)]
+        # a long prompt that is not huge is tokenized while all four huge ones are still waiting
+        assert await asyncio.wait_for(prompt_from_text(ctx, long), 10) == tok.tok.encode(long)
+        assert not any(h.done() for h in held)
+        tok.release.set()
+        assert all(ids == tok.tok.encode(huge) for ids in await asyncio.gather(*held))
+    asyncio.run(run())
+    assert tok.most == 1  # however many arrive, huge texts take one core
