@@ -15,7 +15,8 @@ speculative verification) a native kernel (few_rows_gemm.c) reads each weight ro
 packs the whole weight per call. Which row counts it takes is measured when the model loads
 (``calibrate_rows``: each count from 1 to 32 on one of the model's own layer shapes, the kernel against
 ``F.linear``), because the answer depends on the host: on an AMD EPYC (AVX-512) the kernel was 1.6-2.8x faster
-than MKL even for one row and lost from 24 rows on; an earlier host's MKL was as fast for 1-3 rows."""
+than MKL even for one row and lost from 24 rows on; an earlier host's MKL was as fast for 1-3 rows. The answer is
+measured once per host and shared by every process on it (``row_calibration``)."""
 from __future__ import annotations
 
 import ctypes
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import native
+from engine.models import row_calibration
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +149,12 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     widest = max((mod.weight for _, mod in targets),  # the largest decoder-layer weight (not an LM head)
                  key=lambda w: (w.shape[0] <= 8192, w.shape[0] * w.shape[1]))
     # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default
-    rows = calibrate_rows(lib, widest) if widest.numel() >= CALIBRATE_MIN else DEFAULT_ROWS
+    # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape
+    rows = (row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), Path(lib._name).stem),
+                                        lambda: calibrate_rows(lib, widest))
+            if widest.numel() >= CALIBRATE_MIN else DEFAULT_ROWS)
     log.info("few-rows kernel for %s rows (%s on a %d x %d weight)", _ranges(rows) or "no",
-             "timed against F.linear" if rows is not DEFAULT_ROWS else "the default: too small to time",
+             "timed against F.linear on this host" if rows is not DEFAULT_ROWS else "the default: too small to time",
              widest.shape[0], widest.shape[1])
     if not rows:
         return 0
