@@ -33,13 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def send_burst(url: str, mib: float, count: int, ready, go, results) -> None:  # noqa: ANN001 - mp objects
     """In a child process: encode one body, then on ``go`` post it ``count`` times at once; put the statuses."""
     body = json.dumps({"prompt": "word " * int(mib * (1 << 20) / 5), "max_tokens": 1}).encode()
-    statuses: list[int] = []
+    statuses: list[int | str] = []
 
     def big() -> None:
-        statuses.append(httpx.post(url + "/v1/completions", content=body, timeout=300,
-                                   headers={"content-type": "application/json"}).status_code)
+        try:
+            statuses.append(httpx.post(url + "/v1/completions", content=body, timeout=300,
+                                       headers={"content-type": "application/json"}).status_code)
+        except httpx.HTTPError as e:
+            statuses.append(f"{type(e).__name__}")
     ready.set()
-    go.wait(300)
+    if not go.wait(300):
+        return  # the parent gave up
     senders = [threading.Thread(target=big) for _ in range(count)]
     for s in senders:
         s.start()
@@ -57,11 +61,13 @@ def burst(url: str, mib: float, count: int) -> dict:
     def stream() -> None:
         body = {"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": True, "stream": True,
                 "temperature": 0}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    chunks.append(time.monotonic())
-        done.set()
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(time.monotonic())
+        finally:
+            done.set()
 
     def poll() -> None:
         while not done.is_set():
@@ -74,21 +80,31 @@ def burst(url: str, mib: float, count: int) -> dict:
     # two cores, and in one process its senders' GIL would delay the stream reader, so gaps would be the client's.
     mp = multiprocessing.get_context("spawn")
     ready, go, results = mp.Event(), mp.Event(), mp.Queue()
-    sender = mp.Process(target=send_burst, args=(url, mib, count, ready, go, results))
+    sender = mp.Process(target=send_burst, args=(url, mib, count, ready, go, results), daemon=True)
     sender.start()
-    ready.wait(120)
-    workers = [threading.Thread(target=f) for f in (stream, poll)]
-    for w in workers:
-        w.start()
-    while len(chunks) < 20 and not done.is_set():
-        time.sleep(0.01)
-    start = time.monotonic()
-    go.set()
-    statuses = results.get(timeout=300)
-    end = time.monotonic()
-    sender.join(30)
-    for w in workers:
-        w.join()
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.wait(0.5):
+            if not sender.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the burst's sender did not start (exit code {sender.exitcode})")
+        workers = [threading.Thread(target=f) for f in (stream, poll)]
+        for w in workers:
+            w.start()
+        while len(chunks) < 20 and not done.is_set():
+            time.sleep(0.01)
+        start = time.monotonic()
+        go.set()
+        statuses = results.get(timeout=300)
+        end = time.monotonic()
+        for w in workers:
+            w.join(300)
+    finally:
+        done.set()
+        sender.join(30)
+        if sender.is_alive():
+            sender.terminate()
+    if len(statuses) != count or any(not isinstance(x, int) for x in statuses):
+        raise RuntimeError(f"the burst's posts did not all get an answer: {statuses}")
     gaps = [b - a for a, b in zip(chunks, chunks[1:])]
     before = [g for g, t in zip(gaps, chunks[1:]) if t < start]
     during = [g for g, t in zip(gaps, chunks[1:]) if start <= t <= end + 0.5] or [0.0]

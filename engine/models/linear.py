@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,9 +169,12 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     return len(targets)
 
 
-def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3) -> frozenset[int]:
-    """The row counts in CALIBRATE_ROWS for which the kernel beat ``F.linear`` on ``weight`` here (best of
-    ``reps`` timings each, interleaved). A few hundred calls of one layer's shape: well under a second."""
+def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes: int = 3) -> frozenset[int]:
+    """The row counts in CALIBRATE_ROWS where the kernel beats ``F.linear`` on ``weight`` here. ``passes`` sweeps
+    over the counts, each timing both ``reps`` times (best of each); a count's saving is its median over the
+    passes, so a disturbance during one sweep (another worker loading its model on the same cores) does not
+    decide; then the one contiguous range of counts that saves the most time in all (``best_range``), so one
+    noisy count cannot punch a hole in the range or add a stray one. Well under a second."""
 
     def best(fn: Callable[[], object]) -> float:
         fn()
@@ -182,13 +186,26 @@ def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3) -> fro
         return min(times)
 
     g = torch.Generator().manual_seed(0)
-    won = set()
+    inputs = {m: torch.randn(m, weight.shape[1], generator=g) for m in CALIBRATE_ROWS}
+    saved: dict[int, list[float]] = {m: [] for m in CALIBRATE_ROWS}
     with torch.inference_mode():
-        for m in CALIBRATE_ROWS:
-            x = torch.randn(m, weight.shape[1], generator=g)
-            if best(lambda: few_rows_gemm(lib, x, weight, None)) < best(lambda: F.linear(x, weight)):
-                won.add(m)
-    return frozenset(won)
+        for _ in range(passes):
+            for m, x in inputs.items():
+                saved[m].append(best(lambda: F.linear(x, weight)) - best(lambda: few_rows_gemm(lib, x, weight, None)))
+    return best_range({m: statistics.median(v) for m, v in saved.items()})
+
+
+def best_range(saved: dict[int, float]) -> frozenset[int]:
+    """The contiguous run of keys (in order) with the largest positive sum of ``saved`` (Kadane), or none."""
+    best, best_sum, run, run_sum = frozenset(), 0.0, [], 0.0
+    for m in sorted(saved):
+        if run_sum <= 0:
+            run, run_sum = [], 0.0
+        run.append(m)
+        run_sum += saved[m]
+        if run_sum > best_sum:
+            best, best_sum = frozenset(run), run_sum
+    return best
 
 
 def _ranges(rows: frozenset[int]) -> str:

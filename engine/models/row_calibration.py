@@ -7,7 +7,9 @@ would then differ from a colocated server's for no reason a user could see. So t
 key measures under an exclusive file lock (which also keeps two processes from timing at once and disturbing each
 other), writes the result, and every later process on the host reads it. The key names everything the timing
 depends on: the weight's shape, torch's thread count and version, the compiled kernel, and the CPU's model and
-flags. Delete the file (``path()``) to measure again."""
+flags. Processes that share a cache folder (``$SPLITSERVE_CACHE``, else ``$XDG_CACHE_HOME/splitserve``, else
+``~/.cache/splitserve``) and a thread count share the answer; in the Helm chart each pod has its own cache, so
+each pod measures once. SPLITSERVE_RECALIBRATE=1 (or deleting the file, ``path()``) measures again."""
 from __future__ import annotations
 
 import fcntl
@@ -15,13 +17,16 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 
 log = logging.getLogger(__name__)
 FILE = "few-rows-calibration.json"
+LOCK_WAIT_S = 30.0  # a calibration takes well under a second
 
 
 def path() -> Path:
@@ -47,25 +52,47 @@ def key(shape: tuple[int, int], kernel: str) -> str:
 
 
 def cached_rows(key: str, measure: Callable[[], frozenset[int]], file: Path | None = None) -> frozenset[int]:
-    """The rows stored under ``key``, or ``measure()``'s, stored for the next process. Any trouble with the file
-    (read-only cache, corrupt JSON) falls back to measuring in this process, with a warning."""
+    """The rows stored under ``key``, or ``measure()``'s, stored for the next process. With
+    SPLITSERVE_RECALIBRATE=1 the stored rows are measured again and replaced. Any trouble with the file (a
+    read-only cache, corrupt JSON, a lock held past ``LOCK_WAIT_S``) falls back to measuring in this process,
+    with a warning; a stored answer is still read from a read-only cache."""
     file = file or path()
+    again = os.environ.get("SPLITSERVE_RECALIBRATE") == "1"
+    if not again and key in (table := _read(file)):  # os.replace makes a lock-free read safe
+        return frozenset(table[key])
+    rows: frozenset[int] | None = None
+    tmp = file.with_suffix(f".{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         with open(file.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _lock(lock)
             table = _read(file)
-            if key in table:
+            if key in table and not again:  # another process measured while this one waited
                 return frozenset(table[key])
             rows = measure()
             table[key] = sorted(rows)
-            tmp = file.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
             os.replace(tmp, file)
             return rows
     except OSError as e:
         log.warning("few-rows calibration not shared through %s (%s): measured in this process only", file, e)
-        return measure()
+        return rows if rows is not None else measure()
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _lock(lock: IO[str]) -> None:
+    """An exclusive lock on ``lock``, or TimeoutError (an OSError) after LOCK_WAIT_S: a process stopped while
+    it measures must not hold up every later model load on the host."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"another process held the calibration lock for over {LOCK_WAIT_S:g} s")
+            time.sleep(0.05)
 
 
 def _read(file: Path) -> dict[str, list[int]]:

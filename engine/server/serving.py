@@ -25,6 +25,7 @@ DISCONNECT_POLL_S = 0.5
 # megabytes take seconds, and the loop also serves every other request's stream and /health. Shorter ones are
 # done inline, where a thread hop would cost more than the work.
 INLINE_TEXT_CHARS = 4096
+HUGE_CHARS_PER_TOKEN = 8  # English averages about 4 characters a token
 
 
 @dataclass
@@ -179,16 +180,20 @@ def check_text_fits(ctx: ServingContext, chars: int, param: str) -> None:
             f"{ctx.core.context_length}, so shorten it", param=param, code="context_length_exceeded")
 
 
-async def off_loop(chars: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args), on a text thread (``text_pool``: one per size class) when the text it works on is long."""
-    if chars <= INLINE_TEXT_CHARS:
+async def off_loop(ctx: ServingContext, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), on a text thread (``text_pool``) when the text it works on is long: ``size`` characters (tokens,
+    for detokenizing). Texts far larger than the context could hold (``HUGE_CHARS_PER_TOKEN`` characters a token,
+    and at least ``text_pool.HUGE_TEXT_CHARS``) go to the huge-text thread, so a prompt that may well fit never
+    queues behind them."""
+    if size <= INLINE_TEXT_CHARS:
         return fn(*args)
-    return await text_pool.run(chars, fn, *args)
+    huge = size > max(text_pool.HUGE_TEXT_CHARS, HUGE_CHARS_PER_TOKEN * ctx.core.context_length)
+    return await text_pool.run(huge, fn, *args)
 
 
 async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt") -> list[int]:
     check_text_fits(ctx, len(text), param)
-    ids = await off_loop(len(text), ctx.core.tokenizer.encode, text)
+    ids = await off_loop(ctx, len(text), ctx.core.tokenizer.encode, text)
     if not ids:
         raise InvalidRequestError("the prompt is empty", param=param)
     return ids
@@ -200,4 +205,4 @@ async def prompt_from_chat(ctx: ServingContext, messages: list[dict[str, Any]], 
     tokenized (both off the loop when long)."""
     chars = sum(len(m["content"]) for m in messages)  # as_template_dict gives every message a str content
     check_text_fits(ctx, chars, "messages")
-    return await off_loop(chars, ctx.core.tokenizer.apply_chat_template, messages, add_generation_prompt, tools)
+    return await off_loop(ctx, chars, ctx.core.tokenizer.apply_chat_template, messages, add_generation_prompt, tools)

@@ -1,17 +1,18 @@
 """Where long text work runs: tokenizing, rendering chat templates and detokenizing, off the event loop.
 
-Two single-thread pools by size: texts up to ``HUGE_TEXT_CHARS`` (a long prompt that fits the context, a few
-milliseconds to tokenize) and texts over it (megabytes that pass the cheap length bound, hundreds of
-milliseconds each). So text work never takes more than two cores, however many prompts arrive at once, and an
+Two single-thread pools by size: long texts (a prompt that may fit the context, milliseconds to tokenize) and
+huge ones (far more characters than the context could hold, at least ``HUGE_TEXT_CHARS``: megabytes that pass the
+cheap length bound, hundreds of milliseconds each; ``serving.off_loop`` decides). So text work never takes more than two cores, however many prompts arrive at once, and an
 ordinary long prompt never queues behind megabyte ones. The work is CPU-bound and HF tokenizers release the GIL
 while they encode: with asyncio's default pool (one thread per core plus four), ten 1 MiB prompts tokenized at
 once took both cores of a 2-core host from the engine thread, and a running stream's worst gap was 300 ms (11x
-its median step); with one thread for them it was 100 ms (measured interleaved, benchmarks/bench_event_loop.py;
+its median step); with one thread for them it was 112 ms (measured interleaved, benchmarks/bench_event_loop.py;
 numbers in docs/benchmarks.md). Lowering the threads' priority instead (``nice``) made it worse: a descheduled
 text thread holding the GIL then held up the engine."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,15 +25,24 @@ _pools: dict[bool, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
 
 
-def pool(chars: int) -> ThreadPoolExecutor:
-    """The process's pool for a text of ``chars`` characters, made on first use."""
-    huge = chars > HUGE_TEXT_CHARS
+def _forget_after_fork() -> None:
+    """A forked child inherits the pools but not their threads: it makes its own on first use."""
+    global _lock
+    _pools.clear()
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def pool(huge: bool) -> ThreadPoolExecutor:
+    """The process's pool for huge texts, or for the others; made on first use."""
     with _lock:
         if huge not in _pools:
             _pools[huge] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-huge" if huge else "text")
         return _pools[huge]
 
 
-async def run(chars: int, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args), working on a text of ``chars`` characters, on that size's text thread."""
-    return await asyncio.get_running_loop().run_in_executor(pool(chars), fn, *args)
+async def run(huge: bool, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on the huge-text thread, or on the other."""
+    return await asyncio.get_running_loop().run_in_executor(pool(huge), fn, *args)

@@ -25,13 +25,13 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext) -> JSONResponse:
             [m.as_template_dict() for m in body.messages], body.tools, ctx.core.cfg.grammar.tool_call_parser,
             getattr(tok.hf, "chat_template", None), tok.renders_tools)
         chars = sum(len(m["content"]) for m in messages)
-        text = await off_loop(chars, tok.render_chat, messages, body.add_generation_prompt, native_tools)
+        text = await off_loop(ctx, chars, tok.render_chat, messages, body.add_generation_prompt, native_tools)
         # vLLM's default for chat is False: the template already holds the special tokens
-        ids = await off_loop(len(text), tok.encode, text, bool(body.add_special_tokens))
+        ids = await off_loop(ctx, len(text), tok.encode, text, bool(body.add_special_tokens))
     else:
         special = True if body.add_special_tokens is None else body.add_special_tokens
-        ids = await off_loop(len(body.prompt), tok.encode, body.prompt, special)
-    strs = await off_loop(len(ids), lambda: [tok.token_text(t) for t in ids]) if body.return_token_strs else None
+        ids = await off_loop(ctx, len(body.prompt), tok.encode, body.prompt, special)
+    strs = await off_loop(ctx, len(ids), lambda: [tok.token_text(t) for t in ids]) if body.return_token_strs else None
     return JSONResponse({"count": len(ids), "max_model_len": ctx.core.context_length, "tokens": ids,
                          "token_strs": strs})
 
@@ -42,5 +42,5 @@ async def detokenize(body: DetokenizeRequest, ctx: ServingContext) -> JSONRespon
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    text = await off_loop(len(body.tokens), ctx.core.tokenizer.decode, body.tokens, False)
+    text = await off_loop(ctx, len(body.tokens), ctx.core.tokenizer.decode, body.tokens, False)
     return JSONResponse({"prompt": text})

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from engine.server import text_pool
-from engine.server.serving import INLINE_TEXT_CHARS, ServingContext, prompt_from_chat, prompt_from_text
+from engine.server.serving import HUGE_CHARS_PER_TOKEN, INLINE_TEXT_CHARS, ServingContext, prompt_from_chat, prompt_from_text
 from engine.tokenizer import Tokenizer
 from tests.pd.conftest import Cluster, wait_pool_idle
 
@@ -96,16 +96,19 @@ class HeldTokenizer:
 
 def test_huge_texts_take_one_thread_and_long_ones_do_not_wait_behind_them(tiny_model_dir) -> None:  # noqa: ANN001
     tok = HeldTokenizer(Tokenizer(tiny_model_dir))
-    ctx = ServingContext(engine=SimpleNamespace(core=SimpleNamespace(tokenizer=tok, context_length=1 << 30)),
+    context = text_pool.HUGE_TEXT_CHARS // HUGE_CHARS_PER_TOKEN  # huge: over HUGE_TEXT_CHARS characters
+    ctx = ServingContext(engine=SimpleNamespace(core=SimpleNamespace(tokenizer=tok, context_length=context)),
                          metrics=None)  # type: ignore[arg-type]
     huge, long = "hello there " * (text_pool.HUGE_TEXT_CHARS // 8), "hello there " * (INLINE_TEXT_CHARS // 4)
+    assert tok.fewest_tokens(len(huge)) <= context  # not refused from its length: it is tokenized
 
     async def run() -> None:
         held = [asyncio.ensure_future(prompt_from_text(ctx, huge)) for _ in range(4)]
-        # a long prompt that is not huge is tokenized while all four huge ones are still waiting
-        assert await asyncio.wait_for(prompt_from_text(ctx, long), 10) == tok.tok.encode(long)
-        assert not any(h.done() for h in held)
-        tok.release.set()
+        try:  # a long prompt that is not huge is tokenized while all four huge ones are still waiting
+            assert await asyncio.wait_for(prompt_from_text(ctx, long), 10) == tok.tok.encode(long)
+            assert not any(h.done() for h in held)
+        finally:
+            tok.release.set()  # never leave the shared huge-text thread blocked for later tests
         assert all(ids == tok.tok.encode(huge) for ids in await asyncio.gather(*held))
     asyncio.run(run())
     assert tok.most == 1  # however many arrive, huge texts take one core

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 from engine.models import row_calibration
 
 
 def _calibrate_in_child(file: str, out) -> None:  # noqa: ANN001 - a multiprocessing queue
-    # each process would measure something different (its pid decides), so agreement can only come from the file
-    rows = row_calibration.cached_rows("k", lambda: frozenset({os.getpid() % 7 + 1, 9}), Path(file))
-    out.put(sorted(rows))
+    measured = []
+
+    def measure() -> frozenset[int]:  # slow enough that the children overlap; each would answer its own pid
+        time.sleep(0.3)
+        measured.append(1)
+        return frozenset({os.getpid()})
+    rows = row_calibration.cached_rows("k", measure, Path(file))
+    out.put((sorted(rows), len(measured)))
 
 
-def test_processes_calibrating_at_once_all_get_the_first_measurement(tmp_path: Path) -> None:
+def test_processes_calibrating_at_once_all_get_the_one_measurement(tmp_path: Path) -> None:
     file = tmp_path / "cal.json"
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -25,8 +31,29 @@ def test_processes_calibrating_at_once_all_get_the_first_measurement(tmp_path: P
     results = [out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(30)
-    assert all(r == results[0] for r in results), results
-    assert row_calibration.cached_rows("k", lambda: frozenset({42}), file) == frozenset(results[0])
+    assert all(rows == results[0][0] for rows, _ in results), results
+    assert sum(n for _, n in results) == 1, results  # exactly one process measured
+    assert not list(tmp_path.glob("*.tmp"))
+    assert row_calibration.cached_rows("k", lambda: frozenset({42}), file) == frozenset(results[0][0])
+
+
+def test_recalibrating_replaces_the_stored_rows(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    file = tmp_path / "cal.json"
+    assert row_calibration.cached_rows("k", lambda: frozenset({1}), file) == {1}
+    monkeypatch.setenv("SPLITSERVE_RECALIBRATE", "1")
+    assert row_calibration.cached_rows("k", lambda: frozenset({2}), file) == {2}
+    monkeypatch.delenv("SPLITSERVE_RECALIBRATE")
+    assert row_calibration.cached_rows("k", lambda: frozenset({3}), file) == {2}
+
+
+def test_a_failed_write_measures_once_and_leaves_no_temp_file(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    file, calls = tmp_path / "cal.json", []
+
+    def full(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(row_calibration.os, "replace", full)
+    assert row_calibration.cached_rows("k", lambda: calls.append(1) or frozenset({4}), file) == {4}
+    assert calls == [1] and not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_stored_key_is_not_measured_again_and_other_keys_are(tmp_path: Path) -> None:

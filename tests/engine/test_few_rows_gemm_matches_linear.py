@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.linear import CALIBRATE_ROWS, FewRowsLinear, calibrate_rows, few_rows_gemm, few_rows_kernel
+from engine.models.linear import (CALIBRATE_ROWS, FewRowsLinear, best_range, calibrate_rows, few_rows_gemm,
+                                  few_rows_kernel)
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -43,7 +44,7 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
     """The calibration times the kernel against F.linear for each row count; a FewRowsLinear routes exactly those
     counts to the kernel (the result, unlike the values, depends on the host)."""
     w = torch.randn(3072, 576, generator=torch.Generator().manual_seed(1))
-    rows = calibrate_rows(lib, w, reps=1)
+    rows = calibrate_rows(lib, w, reps=1, passes=1)
     assert rows <= set(CALIBRATE_ROWS)
     layer = FewRowsLinear(w, None, lib, rows=frozenset({3}))
     calls = []
@@ -53,3 +54,12 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
         x = torch.randn(m, 576)
         assert torch.allclose(layer(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
     assert calls == [3]
+
+
+def test_the_calibration_keeps_one_range_so_a_noisy_count_neither_punches_a_hole_nor_adds_a_stray() -> None:
+    saved = {m: 1.0 for m in range(1, 21)} | {m: -1.0 for m in range(21, 33)}
+    saved[7] = -0.3  # one noisy loss inside the winning range
+    saved[28] = 0.2  # one noisy win far past it
+    assert best_range(saved) == frozenset(range(1, 21))
+    assert best_range({m: -1.0 for m in range(1, 9)}) == frozenset()  # the kernel never wins: no rows
+    assert best_range({1: -2.0, 2: -2.0, 3: 1.0, 4: 1.0, 5: -5.0}) == frozenset({3, 4})  # MKL's own 1-2 rows
