@@ -6,7 +6,9 @@ answer, for the working tree and for a base revision (a git worktree), interleav
 Before (tokenizing on the event loop), each 5 MB prompt held the loop for seconds; after, a prompt that cannot
 fit is refused from its length alone (``Tokenizer.fewest_tokens``) and long texts are tokenized on a thread
 (since then, on one thread for huge texts: ``engine/server/text_pool.py``). The burst is sent by a separate
-process that encodes its body before it starts (see ``burst``).
+process that encodes its body before it starts (see ``burst``). A third side, the control, streams from the new
+server while the same burst goes to a process that only reads the bodies and answers 400 (``sink``): what is
+left of the gap there is the host's, not the server's.
 
     python -m benchmarks.bench_event_loop --base REV [--rounds 2] [--mib 5 1] [--model smollm2|tiny]
 """
@@ -16,6 +18,7 @@ import argparse
 import json
 import multiprocessing
 import shutil
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -52,8 +55,33 @@ def send_burst(url: str, mib: float, count: int, ready, go, results) -> None:  #
     results.put(statuses)
 
 
-def burst(url: str, mib: float, count: int) -> dict:
-    """One measurement: a stream, a burst of `count` prompts of `mib` MiB, /health polled throughout."""
+def sink(port: int) -> None:
+    """In a child process, the control: an HTTP endpoint that only reads each request's body (Content-Length)
+    and answers 400, doing as little as a server can. A burst aimed at it shows what the burst alone costs the
+    host (the sender, loopback, a reader), whatever the server does with the bodies."""
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                if not (data := conn.recv(1 << 16)):
+                    return
+                buf += data
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            got = len(rest)
+            while got < length and (data := conn.recv(1 << 20)):
+                got += len(data)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+    srv = socket.create_server(("127.0.0.1", port), backlog=64)
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
+def burst(url: str, mib: float, count: int, burst_url: str | None = None) -> dict:
+    """One measurement: a stream, a burst of `count` prompts of `mib` MiB (to ``burst_url``, else to the same
+    server), /health polled throughout."""
     chunks: list[float] = []
     health: list[float] = []
     done = threading.Event()
@@ -80,7 +108,7 @@ def burst(url: str, mib: float, count: int) -> dict:
     # two cores, and in one process its senders' GIL would delay the stream reader, so gaps would be the client's.
     mp = multiprocessing.get_context("spawn")
     ready, go, results = mp.Event(), mp.Event(), mp.Queue()
-    sender = mp.Process(target=send_burst, args=(url, mib, count, ready, go, results), daemon=True)
+    sender = mp.Process(target=send_burst, args=(burst_url or url, mib, count, ready, go, results), daemon=True)
     sender.start()
     try:
         deadline = time.monotonic() + 120
@@ -128,26 +156,32 @@ def main() -> None:
     for so in (ROOT / "router").glob("_router*.so"):
         shutil.copy(so, base / "router")
     rows = []
+    sink_port = Process.free_port()
+    control = multiprocessing.get_context("spawn").Process(target=sink, args=(sink_port,), daemon=True)
+    control.start()
     try:
         for rnd in range(args.rounds):
-            for side, tree in (("base", base), ("new", ROOT)):
+            # control: the new server streams while the burst goes to the sink, not to it
+            for side, tree in (("base", base), ("new", ROOT), ("control", ROOT)):
                 srv = Process("engine", ["--model-path", model], cwd=tree)
                 try:
                     srv.wait_ready("/health")
                     for mib in args.mib:
-                        r = {"round": rnd, "side": side, "mib": mib, **burst(srv.url, mib, args.count)}
+                        target = f"http://127.0.0.1:{sink_port}" if side == "control" else None
+                        r = {"round": rnd, "side": side, "mib": mib, **burst(srv.url, mib, args.count, target)}
                         rows.append(r)
                         print(json.dumps(r), flush=True)
                 finally:
                     srv.stop()
     finally:
+        control.terminate()
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
-    print(f"\n{'side':5} {'MiB':>4} {'median gap ms':>14} {'worst gap ms (max, median of rounds)':>37} "
+    print(f"\n{'side':7} {'MiB':>4} {'median gap ms':>14} {'worst gap ms (max, median of rounds)':>37} "
           f"{'slowest /health ms':>19}")
-    for side in ("base", "new"):
+    for side in ("base", "new", "control"):
         for mib in args.mib:
             sel = [r for r in rows if r["side"] == side and r["mib"] == mib]
-            print(f"{side:5} {mib:4g} {statistics.median(r['median_gap_ms'] for r in sel):14.1f} "
+            print(f"{side:7} {mib:4g} {statistics.median(r['median_gap_ms'] for r in sel):14.1f} "
                   f"{max(r['worst_gap_ms'] for r in sel):24.1f} "
                   f"{statistics.median(r['worst_gap_ms'] for r in sel):12.1f} "
                   f"{max(r['slowest_health_ms'] for r in sel):19.1f}")

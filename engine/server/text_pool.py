@@ -2,12 +2,13 @@
 
 Two single-thread pools by size: long texts (a prompt that may fit the context, milliseconds to tokenize) and
 huge ones (far more characters than the context could hold, at least ``HUGE_TEXT_CHARS``: megabytes that pass the
-cheap length bound, hundreds of milliseconds each; ``serving.off_loop`` decides). So text work never takes more than two cores, however many prompts arrive at once, and an
-ordinary long prompt never queues behind megabyte ones. The work is CPU-bound and HF tokenizers release the GIL
-while they encode: with asyncio's default pool (one thread per core plus four), ten 1 MiB prompts tokenized at
-once took both cores of a 2-core host from the engine thread, and a running stream's worst gap was 300 ms (11x
-its median step); with one thread for them it was 112 ms (measured interleaved, benchmarks/bench_event_loop.py;
-numbers in docs/benchmarks.md). Lowering the threads' priority instead (``nice``) made it worse: a descheduled
+cheap length bound, hundreds of milliseconds each; ``serving.off_loop`` decides). So text work never takes more
+than two cores, however many prompts arrive at once, and an ordinary long prompt never queues behind megabyte
+ones. The work is CPU-bound and HF tokenizers release the GIL while they encode: with asyncio's default pool (one
+thread per core plus four), ten 1 MiB prompts tokenized at once took both cores of a 2-core host from the engine
+thread, and a running stream's worst gap was 401 ms (16 steps); with one thread for them it was 77 ms, against
+52 ms for the same burst sent to a process that only reads it (benchmarks/bench_event_loop.py, interleaved;
+docs/benchmarks.md). Lowering the threads' priority instead (``nice``) made it worse: a descheduled
 text thread holding the GIL then held up the engine."""
 from __future__ import annotations
 
