@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from engine.server import text_pool
-from engine.server.serving import HUGE_CHARS_PER_TOKEN, INLINE_TEXT_CHARS, ServingContext, prompt_from_chat, prompt_from_text
+from engine.server.serving import (HUGE_CHARS_PER_TOKEN, INLINE_TEXT_CHARS, ServingContext, prompt_from_chat,
+                                   prompt_from_text)
 from engine.tokenizer import Tokenizer
 from tests.pd.conftest import Cluster, wait_pool_idle
 
