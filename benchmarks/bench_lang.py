@@ -3,9 +3,8 @@ context, ``--forks`` branches per level, ``--levels`` levels, then a verdict) ov
 once with ``frontend`` (forks in parallel, token-exact continuations) and once as sequential
 ``chat.completions`` calls that resend the conversation each time. Reported: wall time and prompt tokens the
 server computed (prompt minus cached, from its metrics). The plain calls run twice: against the same server, whose
-radix cache serves their resent prefixes too, and against a second server, the same but for its prefix cache
-(off). Variants
-alternate per repeat.
+radix cache serves their resent prefixes too, and against a second server that differs only in
+``--disable-radix-cache``. Variants alternate per repeat.
 
     python -m benchmarks.bench_lang --inputs 16 --forks 4 --levels 2 --repeats 2
 """

@@ -25,7 +25,6 @@ DISCONNECT_POLL_S = 0.5
 # megabytes take seconds, and the loop also serves every other request's stream and /health. Shorter ones are
 # done inline, where a thread hop would cost more than the work.
 INLINE_TEXT_CHARS = 4096
-HUGE_CHARS_PER_TOKEN = 8  # English averages about 4 characters a token
 
 
 @dataclass
@@ -182,13 +181,11 @@ def check_text_fits(ctx: ServingContext, chars: int, param: str) -> None:
 
 async def off_loop(ctx: ServingContext, size: int, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args), on a text thread (``text_pool``) when the text it works on is long: ``size`` characters (tokens,
-    for detokenizing). Texts far larger than the context could hold (``HUGE_CHARS_PER_TOKEN`` characters a token,
-    and at least ``text_pool.HUGE_TEXT_CHARS``) go to the huge-text thread, so a prompt that may well fit never
-    queues behind them."""
+    for detokenizing). Texts far larger than the context could hold (``text_pool.is_huge``) go to the huge-text
+    thread, so a prompt that may well fit never queues behind them."""
     if size <= INLINE_TEXT_CHARS:
         return fn(*args)
-    huge = size > max(text_pool.HUGE_TEXT_CHARS, HUGE_CHARS_PER_TOKEN * ctx.core.context_length)
-    return await text_pool.run(huge, fn, *args)
+    return await text_pool.run(text_pool.is_huge(size, ctx.core.context_length), fn, *args)
 
 
 async def prompt_from_text(ctx: ServingContext, text: str, param: str = "prompt") -> list[int]:

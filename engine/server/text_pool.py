@@ -2,7 +2,7 @@
 
 Two single-thread pools by size: long texts (a prompt that may fit the context, milliseconds to tokenize) and
 huge ones (far more characters than the context could hold, at least ``HUGE_TEXT_CHARS``: megabytes that pass the
-cheap length bound, hundreds of milliseconds each; ``serving.off_loop`` decides). So text work never takes more
+cheap length bound, hundreds of milliseconds each; ``is_huge``). So text work never takes more
 than two cores, however many prompts arrive at once, and an ordinary long prompt never queues behind megabyte
 ones. The work is CPU-bound and HF tokenizers release the GIL while they encode: with asyncio's default pool (one
 thread per core plus four), ten 1 MiB prompts tokenized at once took both cores of a 2-core host from the engine
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 HUGE_TEXT_CHARS = 1 << 16
+HUGE_CHARS_PER_TOKEN = 8  # English averages about 4 characters a token
 
 _pools: dict[bool, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
@@ -42,6 +43,12 @@ def pool(huge: bool) -> ThreadPoolExecutor:
         if huge not in _pools:
             _pools[huge] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="text-huge" if huge else "text")
         return _pools[huge]
+
+
+def is_huge(size: int, context_length: int) -> bool:
+    """Whether a text of ``size`` characters is far over what a context of ``context_length`` tokens could hold
+    (``HUGE_CHARS_PER_TOKEN`` characters a token, and at least ``HUGE_TEXT_CHARS``)."""
+    return size > max(HUGE_TEXT_CHARS, HUGE_CHARS_PER_TOKEN * context_length)
 
 
 async def run(huge: bool, fn: Callable[..., T], *args: Any) -> T:

@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from engine.server import text_pool
-from engine.server.serving import (HUGE_CHARS_PER_TOKEN, INLINE_TEXT_CHARS, ServingContext, prompt_from_chat,
-                                   prompt_from_text)
+from engine.server.serving import INLINE_TEXT_CHARS, ServingContext, prompt_from_chat, prompt_from_text
 from engine.tokenizer import Tokenizer
 from tests.pd.conftest import Cluster, wait_pool_idle
 
@@ -97,7 +96,7 @@ class HeldTokenizer:
 
 def test_huge_texts_take_one_thread_and_long_ones_do_not_wait_behind_them(tiny_model_dir) -> None:  # noqa: ANN001
     tok = HeldTokenizer(Tokenizer(tiny_model_dir))
-    context = text_pool.HUGE_TEXT_CHARS // HUGE_CHARS_PER_TOKEN  # huge: over HUGE_TEXT_CHARS characters
+    context = text_pool.HUGE_TEXT_CHARS // text_pool.HUGE_CHARS_PER_TOKEN  # huge: over HUGE_TEXT_CHARS characters
     ctx = ServingContext(engine=SimpleNamespace(core=SimpleNamespace(tokenizer=tok, context_length=context)),
                          metrics=None)  # type: ignore[arg-type]
     huge, long = "hello there " * (text_pool.HUGE_TEXT_CHARS // 8), "hello there " * (INLINE_TEXT_CHARS // 4)
