@@ -42,8 +42,21 @@ _PACKABLE = (torch.float32, torch.bfloat16)
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype in _PACKABLE and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return device.type == "cpu" and dtype in _PACKABLE and _onednn_packs(dtype)
+
+
+@functools.cache
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs ``dtype`` weights on this CPU: asked by packing a small one, since its bfloat16
+    path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT and refuses at run time on an AVX2-only host."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), PACK_ROWS_HINT)
+    except RuntimeError as e:
+        log.info("oneDNN cannot pack %s weights on this CPU (%s): they stay dense", dtype, str(e).splitlines()[0])
+        return False
+    return True
 
 
 def should_prepack(mode: str, device: torch.device, dtype: torch.dtype) -> bool:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.models import row_calibration
 from engine.models.linear import (CALIBRATE_ROWS, FewRowsLinear, best_range, calibrate_rows, few_rows_gemm,
                                   few_rows_kernel)
 from tests.engine.conftest import make_core
@@ -32,10 +33,18 @@ def test_every_row_count_equals_f_linear(n: int, k: int, bias: bool) -> None:
     assert torch.allclose(FewRowsLinear(w, b, lib)(strided), F.linear(strided, w, b), rtol=1e-5, atol=1e-4)
 
 
-def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path) -> None:
+def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what this host's calibration picks varies (on some hosts the kernel never wins the tiny model's shapes):
+    # pin it, so the routing is what is tested
+    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None: frozenset(range(1, 9)))
     core = make_core(tiny_model_dir, dtype="float32")
     layers = [m for m in core.model.modules() if isinstance(m, FewRowsLinear)]
     assert len(layers) == 2 * 2 * core.arch.num_layers + (1 if core.model.lm_head is not None else 0)
+    assert all(m.rows == frozenset(range(1, 9)) for m in layers)
+    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None: frozenset())
+    plain = make_core(tiny_model_dir, dtype="float32")  # the kernel won no row count: no layer is routed
+    assert not any(isinstance(m, FewRowsLinear) for m in plain.model.modules())
     if core.arch.tie_word_embeddings:
         assert core.model.lm_head.weight.data_ptr() == core.model.embed_tokens.weight.data_ptr()
 
