@@ -7,6 +7,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 EVICTION_POLICIES = ("lru", "lfu", "priority")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PREPACK_MODES = ("auto", "on", "off")
+HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 API_KEY_ENV = "SPLITSERVE_API_KEY"  # a worker's --api-key, when not given on the command line
 
 
@@ -59,6 +60,40 @@ class CacheConfig:
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn off prefix caching (for A/B tests)"})
     radix_eviction_policy: str = field(default="lru", metadata={
         "help": "which unlocked leaves the radix cache evicts first", "choices": EVICTION_POLICIES})
+    enable_hierarchical_cache: bool = field(default=False, metadata={
+        "help": "HiCache: a host-memory tier (L2) under the KV pool; prefixes evicted from the pool are kept there "
+                "and copied back on a match instead of being recomputed"})
+    hicache_ratio: float = field(default=2.0, metadata={
+        "help": "host tier size as a multiple of the KV pool's (at least 1); --hicache-size instead gives it in GB"})
+    hicache_size: float = field(default=0.0, metadata={
+        "help": "host tier size in GB (0 = use --hicache-ratio)"})
+    hicache_write_policy: str = field(default="write_through", metadata={
+        "help": "when pages reach the host tier: write_through = when cached, write_back = when evicted from the "
+                "pool, write_through_selective = once a prefix was hit --hicache-write-threshold times "
+                "(and when evicted)", "choices": HICACHE_WRITE_POLICIES})
+    hicache_write_threshold: int = field(default=2, metadata={
+        "help": "hits (matches or inserts) before write_through_selective copies a prefix to the host tier"})
+
+    def check(self) -> None:
+        d = CacheConfig()
+        if not self.enable_hierarchical_cache:
+            for name in ("hicache_ratio", "hicache_size", "hicache_write_policy", "hicache_write_threshold"):
+                if getattr(self, name) != getattr(d, name):
+                    raise EngineConfigError(f"--{name.replace('_', '-')} needs --enable-hierarchical-cache")
+            return
+        if self.disable_radix_cache:
+            raise EngineConfigError("--enable-hierarchical-cache needs the radix cache: drop --disable-radix-cache")
+        if self.hicache_size and self.hicache_ratio != d.hicache_ratio:
+            raise EngineConfigError("give --hicache-size or --hicache-ratio, not both")
+        if self.hicache_size < 0 or (self.hicache_size == 0 and self.hicache_ratio < 1):
+            raise EngineConfigError("--hicache-ratio must be at least 1 (the host tier at least the pool's size), "
+                                    "or give --hicache-size in GB")
+        if self.hicache_write_threshold < 1:
+            raise EngineConfigError("--hicache-write-threshold must be at least 1")
+        selective = self.hicache_write_policy == "write_through_selective"
+        if not selective and self.hicache_write_threshold != d.hicache_write_threshold:
+            raise EngineConfigError("--hicache-write-threshold applies to --hicache-write-policy "
+                                    "write_through_selective only")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from engine.grammar.masks import MaskFiller
 from engine.grammar.state import GrammarRejected, GrammarState
 from engine.mem.allocator import PageAllocator
 from engine.mem.base import NoPrefixCache, PrefixCache
+from engine.mem.hicache import host_tier_for
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.models import load_model
@@ -88,6 +89,7 @@ class EngineCore:
     def __init__(self, cfg: EngineConfig, kv_buffer: Callable[[int], memoryview] | None = None,
                  role: Callable[[EngineCore], EngineRole] | None = None, drafter: Drafter | None = None) -> None:
         self.cfg = cfg
+        cfg.cache.check()
         mc = cfg.model
         self.source = resolve_model_path(mc.model_path)
         self.model_dir = self.source.folder  # config.json and tokenizer files (a GGUF's are converted once)
@@ -116,8 +118,10 @@ class EngineCore:
         self.pool = KVPool(self.kv_shape, self.device,
                            kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
+        self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device)
         self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
-                                   RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy))
+                                   RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy,
+                                              self.hicache))
         self.context_length = min(mc.context_length or self.arch.max_position_embeddings,
                                   self.allocator.capacity * page)
         eos = tuple(dict.fromkeys(self.arch.eos_token_ids + self.tokenizer.eos_token_ids))
@@ -410,5 +414,7 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+        if isinstance(self.cache, RadixCache):
+            self.cache.check_invariants()  # and the host tier's pages, with HiCache
         if self.spec is not None:
             self.spec.drafter.check_integrity()

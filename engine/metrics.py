@@ -2,9 +2,13 @@
 engine's state when scraped; counters and histograms are fed from each step's outputs on the event loop."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from engine.engine_core import EngineCore, StepOutput
+from engine.mem.hicache import HostTier
 
 disable_created_metrics()
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
@@ -67,6 +71,17 @@ class EngineMetrics:
         self.spec_requests = Counter("splitserve_spec_requests", "Finished requests by whether any of their drafts "
                                      "was verified (engines with speculative decoding)", lbl + ["speculation"],
                                      registry=r)
+        self.hicache = core.hicache
+        if self.hicache is not None:
+            tier = self.hicache
+            gauge("splitserve_hicache_host_pages_used", "HiCache host-tier pages holding KV",
+                  lambda: tier.host.allocator.used)
+            gauge("splitserve_hicache_host_pages_total", "HiCache host-tier pages",
+                  lambda: tier.host.allocator.capacity)
+            r.register(_HiCacheCounters(tier, role))
+            self.hicache_load = Histogram("splitserve_hicache_load_seconds", "Time to copy one request's prefix "
+                                          "from the host tier into the KV pool", lbl, buckets=_LATENCY_BUCKETS,
+                                          registry=r).labels(role)
         self._drafted_rids: set[str] = set()
         self._prompt = 0
         self._cached = 0
@@ -78,6 +93,10 @@ class EngineMetrics:
             self.grammar_compile.observe(seconds)
 
     def observe(self, outputs: list[StepOutput]) -> None:
+        if self.hicache is not None:
+            times = self.hicache.stats.load_seconds
+            while times:  # appended by the engine thread; deque pops are atomic
+                self.hicache_load.observe(times.popleft())
         for out in outputs:
             req = out.req
             if out.jumped:
@@ -114,3 +133,23 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HiCacheCounters:
+    """The host tier's monotonic counters, read when scraped."""
+
+    def __init__(self, tier: HostTier, role: str) -> None:
+        self.tier, self.role = tier, role
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.tier.stats
+        for name, doc, value in (
+                ("splitserve_hicache_loaded_tokens", "Prompt tokens whose KV came from the host tier (host hits)",
+                 s.loaded_tokens),
+                ("splitserve_hicache_loaded_bytes", "Bytes copied from the host tier into the KV pool", s.loaded_bytes),
+                ("splitserve_hicache_written_tokens", "Tokens whose KV was copied to the host tier", s.written_tokens),
+                ("splitserve_hicache_written_bytes", "Bytes copied from the KV pool to the host tier",
+                 s.written_bytes)):
+            family = CounterMetricFamily(name, doc, labels=["role"])
+            family.add_metric([self.role], value)
+            yield family

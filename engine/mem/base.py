@@ -14,11 +14,14 @@ from typing import Any
 @dataclass
 class MatchResult:
     pages: list[int]
-    node: Any  # opaque handle for lock/unlock
+    node: Any  # opaque handle for lock/unlock (the match's last L1 node)
     page_size: int
+    host_nodes: tuple[Any, ...] = ()  # HiCache: the match continues in lower tiers (``load_back`` copies it in)
+    host_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
+        """Tokens whose KV is in the device pool now."""
         return len(self.pages) * self.page_size
 
 
@@ -29,6 +32,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
         """Longest cached page-aligned prefix of ``key``."""
+
+    def load_back(self, match: MatchResult) -> MatchResult:
+        """Copy the part of ``match`` that lives in lower tiers into the device pool (as far as it has room);
+        returns the longer match. Caches without tiers have nothing to load."""
+        return match
 
     @abstractmethod
     def insert(self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,

@@ -1,12 +1,21 @@
-"""RadixAttention's prefix cache: a radix tree over token ids whose edges are whole pages.
+"""RadixAttention's prefix cache: a radix tree over token ids whose edges are whole pages, optionally over two
+tiers (HiCache: L1 = the device pool the runner reads, L2 = a host pool; ``tier`` given at construction).
 
 - Matching is page-aligned; a match that ends inside a node splits it (pages are re-sliced, never copied).
 - ``lock_ref`` on a node protects it and its ancestors; locked tokens count as ``protected_size``, the rest as
-  ``evictable_size``.
-- Eviction frees unlocked leaves, ordered by the policy: lru (oldest access), lfu (fewest hits, then oldest)
+  ``evictable_size`` (both count L1 tokens only).
+- Eviction frees unlocked L1 leaves, ordered by the policy: lru (oldest access), lfu (fewest hits, then oldest)
   or priority (lowest request priority, then oldest).
 - ``extra_key`` namespaces: each key has its own root, so different namespaces never share pages.
-Access times are a logical clock, so behaviour is deterministic."""
+
+With a host tier a node holds ``pages`` (L1 pages, or none) and ``host`` (L2 pages, or None); it lives in at
+least one tier. L1-resident nodes form a prefix of every root-to-leaf path: eviction demotes L1 leaves first
+and load-back promotes from the top. Evicting an L1 node demotes it (write_back copies it to L2 then; under
+write_through every inserted node was mirrored already; write_through_selective mirrors a node once it was
+inserted ``write_threshold`` times). ``match_prefix`` reports the L2-only continuation of a match and
+``load_back`` copies it into fresh L1 pages. L2 is full: mirrors of L1 nodes and L2-only leaves are dropped in
+LRU order (``host_ref`` protects a node being loaded). Access times are a logical clock, so behaviour is
+deterministic."""
 from __future__ import annotations
 
 import heapq
@@ -14,19 +23,23 @@ from collections.abc import Callable, Sequence
 
 from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
+from engine.mem.hicache import HostTier
 
 PageKey = tuple[int, ...]
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "pages", "lock_ref", "last_access", "hits", "priority")
+    __slots__ = ("children", "parent", "key", "pages", "host", "lock_ref", "host_ref", "last_access", "hits",
+                 "priority")
 
     def __init__(self, key: PageKey, pages: list[int], parent: TreeNode | None) -> None:
         self.children: dict[PageKey, TreeNode] = {}
         self.parent = parent
         self.key = key
-        self.pages = pages
+        self.pages = pages  # L1 pages; empty when the node lives in L2 only
+        self.host: list[int] | None = None  # L2 pages
         self.lock_ref = 0
+        self.host_ref = 0
         self.last_access = 0
         self.hits = 0
         self.priority = 0
@@ -38,11 +51,13 @@ class TreeNode:
 class RadixCache(PrefixCache):
     enabled = True
 
-    def __init__(self, page_size: int, free_pages: Callable[[list[int]], None], policy: str = "lru") -> None:
+    def __init__(self, page_size: int, free_pages: Callable[[list[int]], None], policy: str = "lru",
+                 tier: HostTier | None = None) -> None:
         if policy not in ("lru", "lfu", "priority"):
             raise EngineConfigError(f"--eviction-policy {policy!r} is not one of lru, lfu, priority")
         self.page_size = page_size
         self.policy = policy
+        self.tier = tier
         self._free_pages = free_pages
         self._roots: dict[str | None, TreeNode] = {}
         self._clock = 0
@@ -79,8 +94,9 @@ class RadixCache(PrefixCache):
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
         self._clock += 1
         limit = len(key) - len(key) % self.page_size
-        node = self._root(extra_key)
+        node = last_l1 = self._root(extra_key)
         pages: list[int] = []
+        host_nodes: list[TreeNode] = []
         i = 0
         while i < limit:
             child = node.children.get(self._page_key(key, i))
@@ -90,9 +106,46 @@ class RadixCache(PrefixCache):
             if common < len(child.key):
                 child = self._split(child, common)
             self._touch(child)
-            pages.extend(child.pages)
+            if child.pages:
+                pages.extend(child.pages)
+                last_l1 = child
+            else:
+                host_nodes.append(child)  # L2 only, and so is everything below it
             node = child
             i += common
+        return MatchResult(pages, last_l1, self.page_size, tuple(host_nodes), sum(len(n.key) for n in host_nodes))
+
+    def load_back(self, match: MatchResult) -> MatchResult:
+        """Copy the match's L2-only continuation into fresh L1 pages (as far as L1 has room, evicting unlocked
+        entries); returns the match extended by what was loaded."""
+        if not match.host_nodes or self.tier is None:
+            return match
+        tier = self.tier
+        self.inc_lock(match.node)  # the L1 part must not be demoted to make room
+        for n in match.host_nodes:
+            n.host_ref += 1
+        pages, node, loaded = list(match.pages), match.node, 0
+        try:
+            for n in match.host_nodes:
+                assert not n.pages and n.host is not None and n.parent is node
+                need = len(n.host)
+                if tier.device_available() < need:
+                    self.evict((need - tier.device_available()) * self.page_size)
+                new = tier.alloc_device(need)
+                if new is None:
+                    break
+                tier.load(n.host, new)
+                n.pages = new
+                self._evictable += len(n.key)
+                self.inc_lock(n)  # hold it while its children load (dropped with the rest below)
+                self.dec_lock(node)
+                pages.extend(new)
+                node, loaded = n, loaded + len(n.key)
+        finally:
+            self.dec_lock(node)
+            for n in match.host_nodes:
+                n.host_ref -= 1
+        tier.loaded(loaded)
         return MatchResult(pages, node, self.page_size)
 
     # -- updates -----------------------------------------------------------------------------------------------
@@ -103,7 +156,7 @@ class RadixCache(PrefixCache):
                              f"{self.page_size}")
         self._clock += 1
         node = self._root(extra_key)
-        i = 0
+        i, held = 0, None
         while i < len(key):
             child = node.children.get(self._page_key(key, i))
             if child is None:
@@ -112,30 +165,39 @@ class RadixCache(PrefixCache):
                 self._touch(new)
                 node.children[new.key[:self.page_size]] = new
                 self._evictable += len(new.key)
-                return i
+                self._mirror(new)
+                return i if held is None else held
             common = self._common(child.key, key, i)
             if common < len(child.key):
                 child = self._split(child, common)
             self._touch(child)
             child.priority = max(child.priority, priority)
+            if not child.pages:  # L2 only: adopt the caller's pages for it (its L2 copy stays a mirror)
+                held = i if held is None else held
+                child.pages = list(pages[i // self.page_size:(i + common) // self.page_size])
+                self._evictable += len(child.key)
+            self._mirror(child)
             node = child
             i += common
-        return i
+        return i if held is None else held
 
     def _touch(self, node: TreeNode) -> None:
         node.last_access = self._clock
         node.hits += 1
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
-        """Cut ``child`` after ``at`` tokens; returns the new upper node (same lock count, pages re-sliced)."""
+        """Cut ``child`` after ``at`` tokens; returns the new upper node (same locks, pages re-sliced)."""
         assert 0 < at < len(child.key) and at % self.page_size == 0
         parent = child.parent
         assert parent is not None
-        upper = TreeNode(child.key[:at], child.pages[:at // self.page_size], parent)
-        upper.lock_ref, upper.last_access, upper.hits, upper.priority = (
-            child.lock_ref, child.last_access, child.hits, child.priority)
+        cut = at // self.page_size
+        upper = TreeNode(child.key[:at], child.pages[:cut], parent)
+        upper.lock_ref, upper.host_ref, upper.last_access, upper.hits, upper.priority = (
+            child.lock_ref, child.host_ref, child.last_access, child.hits, child.priority)
+        if child.host is not None:
+            upper.host, child.host = child.host[:cut], child.host[cut:]
         child.key = child.key[at:]
-        child.pages = child.pages[at // self.page_size:]
+        child.pages = child.pages[cut:]
         child.parent = upper
         upper.children[child.key[:self.page_size]] = child
         parent.children[upper.key[:self.page_size]] = upper
@@ -143,6 +205,7 @@ class RadixCache(PrefixCache):
 
     def inc_lock(self, node: TreeNode | None) -> None:
         while node is not None and node.parent is not None:
+            assert node.pages, "only L1-resident nodes are locked"
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -165,60 +228,152 @@ class RadixCache(PrefixCache):
             return (node.priority, node.last_access)
         return (node.last_access,)
 
-    def _evictable_leaves(self) -> list[TreeNode]:
-        leaves, stack = [], list(self._roots.values())
+    def _nodes(self) -> list[TreeNode]:
+        out, stack = [], list(self._roots.values())
         while stack:
             node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node.parent is not None and node.lock_ref == 0:
-                leaves.append(node)
-        return leaves
+            stack.extend(node.children.values())
+            if node.parent is not None:
+                out.append(node)
+        return out
+
+    @staticmethod
+    def _l1_leaf(node: TreeNode) -> bool:
+        return bool(node.pages) and not any(c.pages for c in node.children.values())
 
     def evict(self, num_tokens: int) -> int:
+        """Free L1 pages of at least ``num_tokens`` unlocked tokens (demoting them when there is a host tier)."""
         if num_tokens <= 0 or self._evictable == 0:
             return 0
-        heap = [(self._order(n), n) for n in self._evictable_leaves()]
+        heap = [(self._order(n), n) for n in self._nodes() if n.lock_ref == 0 and self._l1_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < num_tokens:
             _, node = heapq.heappop(heap)
             parent = node.parent
-            assert parent is not None and node.lock_ref == 0 and not node.children
+            assert parent is not None and node.lock_ref == 0 and self._l1_leaf(node)
+            if self.tier is not None and node.host is None:
+                self._demote(node)
             self._free_pages(node.pages)
+            node.pages = []
             freed += len(node.key)
             self._evictable -= len(node.key)
-            del parent.children[node.key[:self.page_size]]
-            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            if node.host is None:
+                self._drop(node)
+            if parent.parent is not None and parent.lock_ref == 0 and self._l1_leaf(parent):
                 heapq.heappush(heap, (self._order(parent), parent))
         return freed
 
-    def owned_pages(self) -> list[int]:
-        pages: list[int] = []
-        stack = list(self._roots.values())
+    def _drop(self, node: TreeNode) -> None:
+        """Remove ``node`` and everything below it (all of it out of L1); their L2 pages go back."""
+        assert node.parent is not None and node.lock_ref == 0
+        stack = [node]
         while stack:
-            node = stack.pop()
-            pages.extend(node.pages)
-            stack.extend(node.children.values())
-        return pages
+            n = stack.pop()
+            assert not n.pages and n.host_ref == 0
+            stack.extend(n.children.values())
+            if n.host is not None and self.tier is not None:
+                self.tier.free_host(n.host)
+                n.host = None
+        del node.parent.children[node.key[:self.page_size]]
+
+    # -- the host tier ---------------------------------------------------------------------------------------------
+    def _mirror(self, node: TreeNode) -> None:
+        """Copy an L1 node to L2 now if the write policy says so (write_through, or selective past the threshold)."""
+        tier = self.tier
+        if tier is None or node.host is not None or not tier.mirrors(node.hits):
+            return
+        self._demote(node)
+
+    def _demote(self, node: TreeNode) -> None:
+        """Give an L1 node an L2 copy, dropping L2 entries as needed; leaves it without one if L2 is all held."""
+        tier = self.tier
+        assert tier is not None and node.pages and node.host is None
+        need = len(node.pages)
+        if tier.host_available() < need:
+            self._evict_host(need - tier.host_available(), keep=node)
+        slots = tier.alloc_host(need)
+        if slots is not None:
+            tier.save(node.pages, slots)
+            node.host = slots
+
+    def _evict_host(self, pages: int, keep: TreeNode) -> None:
+        """Free at least ``pages`` L2 pages: drop mirrors of L1 nodes and L2-only leaves, least recent first."""
+        def droppable(n: TreeNode) -> bool:
+            return n.host is not None and n.host_ref == 0 and n is not keep and (bool(n.pages) or not n.children)
+
+        heap = [(n.last_access, n) for n in self._nodes() if droppable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        assert self.tier is not None
+        while heap and freed < pages:
+            _, node = heapq.heappop(heap)
+            if not droppable(node):
+                continue
+            freed += len(node.host or ())
+            parent = node.parent
+            if node.pages:
+                self.tier.free_host(node.host or [])
+                node.host = None
+            else:
+                self._drop(node)
+                if parent is not None and parent.parent is not None and droppable(parent):
+                    heapq.heappush(heap, (parent.last_access, parent))
+
+    def flush(self) -> int:
+        """Evict everything unlocked from L1 and drop every L2 copy; returns L1 tokens freed."""
+        freed = self.evict(self._evictable)
+        if self.tier is None:
+            return freed
+        for node in self._nodes():  # the topmost L2-only nodes, each with its subtree
+            parent = node.parent
+            assert parent is not None
+            if not node.pages and (parent.parent is None or parent.pages):
+                self._drop(node)
+        for node in self._nodes():
+            if node.host is not None:
+                self.tier.free_host(node.host)
+                node.host = None
+        return freed
+
+    def entries(self) -> list[tuple[str | None, PageKey, list[int], list[int] | None]]:
+        """Every node as (namespace, tokens from the root through it, its L1 pages, its L2 pages)."""
+        out = []
+        stack = [(ns, (), r) for ns, r in self._roots.items()]
+        while stack:
+            ns, prefix, node = stack.pop()
+            for child in node.children.values():
+                key = prefix + child.key
+                out.append((ns, key, list(child.pages), None if child.host is None else list(child.host)))
+                stack.append((ns, key, child))
+        return out
+
+    def owned_pages(self) -> list[int]:
+        return [p for n in self._nodes() for p in n.pages]
+
+    def host_owned_pages(self) -> list[int]:
+        return [p for n in self._nodes() for p in (n.host or ())]
 
     def check_invariants(self) -> None:
         """Recompute sizes and structure from scratch and compare (used by tests)."""
         evictable = protected = 0
-        stack = [(r, True) for r in self._roots.values()]
-        while stack:
-            node, is_root = stack.pop()
-            if not is_root:
-                assert len(node.key) > 0 and len(node.key) % self.page_size == 0
-                assert len(node.pages) * self.page_size == len(node.key)
-                assert node.lock_ref >= 0
-                assert node.parent is not None and node.parent.children[node.key[:self.page_size]] is node
-                assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), \
-                    "children hold more locks than their parent"
-                if node.lock_ref:
-                    protected += len(node.key)
-                else:
-                    evictable += len(node.key)
-            stack.extend((c, False) for c in node.children.values())
+        for node in self._nodes():
+            assert len(node.key) > 0 and len(node.key) % self.page_size == 0
+            pages = len(node.key) // self.page_size
+            assert len(node.pages) in (0, pages) and (node.host is None or len(node.host) == pages)
+            assert node.pages or node.host is not None, "a node in no tier"
+            assert node.lock_ref >= 0 and node.host_ref >= 0
+            assert node.parent is not None and node.parent.children[node.key[:self.page_size]] is node
+            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), \
+                "children hold more locks than their parent"
+            if not node.pages:
+                assert node.lock_ref == 0, "a locked node is out of L1"
+                assert not any(c.pages for c in node.children.values()), "an L1 node below an L2-only one"
+            elif node.lock_ref:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
         assert (evictable, protected) == (self._evictable, self._protected), (
             f"sizes drifted: tree has {evictable}/{protected}, counters {self._evictable}/{self._protected}")
+        if self.tier is not None:
+            self.tier.check_integrity(self.host_owned_pages())

@@ -19,11 +19,13 @@ class KVManager:
         self.cache = cache
         self.page_size = page_size
 
-    def match(self, req: Request) -> MatchResult:
-        """Longest cached prefix, leaving at least one token to compute (its logits give the next token)."""
+    def match(self, req: Request, load: bool = False) -> MatchResult:
+        """Longest cached prefix, leaving at least one token to compute (its logits give the next token). With
+        ``load``, the part of it in a lower cache tier is copied into the pool first (HiCache)."""
         # prompt logprobs need every prompt position's logits: nothing may come from the cache
         key = [] if req.sampling.prompt_logprobs is not None else req.tokens(0, req.seq_len - 1)
-        return self.cache.match_prefix(key, req.extra_key)
+        match = self.cache.match_prefix(key, req.extra_key)
+        return self.cache.load_back(match) if load and match.host_nodes else match
 
     def reserve(self, pages: int) -> bool:
         """Make ``pages`` free pages available, evicting unlocked cache entries if needed."""

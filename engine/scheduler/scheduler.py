@@ -99,7 +99,7 @@ class Scheduler:
         while self.kv_queue and len(self.prealloc) < max_rooms:
             req = self.kv_queue[0]
             headroom = -(-(outstanding + reserve_tokens) // page)
-            if not self.kv.admit(req, self.kv.match(req), headroom_pages=headroom):
+            if not self.kv.admit(req, self.kv.match(req, load=True), headroom_pages=headroom):
                 break
             self.kv_queue.popleft()
             req.status = Status.RUNNING
@@ -198,11 +198,15 @@ class Scheduler:
         self.num_retractions += 1
         self.waiting.appendleft(req)
 
+    def _cached_tokens(self, req: Request) -> int:
+        """What the prefix cache holds of ``req``'s prompt, in any tier."""
+        match = self.kv.match(req)
+        return match.num_tokens + match.host_tokens
+
     def _admit(self, seqs: list[ScheduledSeq], budget: int) -> int:
         if not self.waiting or budget <= 0:
             return budget
-        waiting = order_waiting(list(self.waiting), self.cfg.schedule_policy,
-                                lambda r: len(self.kv.match(r).pages))
+        waiting = order_waiting(list(self.waiting), self.cfg.schedule_policy, self._cached_tokens)
         decoding = sum(1 for r in self.running if r.remaining == 1)
         admitted: list[Request] = []
         for req in waiting:
@@ -211,7 +215,7 @@ class Scheduler:
             leader = req.group_leader
             if leader is not None and not (leader.prefill_done or leader.finished):
                 continue  # n > 1: wait for the leader's prompt to be cached, then share its pages
-            match = self.kv.match(req)
+            match = self.kv.match(req, load=True)
             n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == self.cfg.max_prefill_tokens)
             if n == 0:
                 break

@@ -96,7 +96,8 @@ def build_app(ctx: ServingContext, server_cfg: ServerConfig,
             "model": model_dict(core.cfg.model), "cache": model_dict(core.cfg.cache),
             "scheduler": model_dict(core.cfg.scheduler), "device": str(core.device),
             "kv_pages_total": core.allocator.capacity, "page_size": core.kv_shape.page_size,
-            "context_length": core.context_length, "load": ctx.engine.load()})
+            "context_length": core.context_length, "load": ctx.engine.load(),
+            "hicache": core.hicache.describe() if core.hicache is not None else None})
 
     @app.get("/get_load", include_in_schema=False)  # for routers and tests; not proxied (docs/api.md)
     async def get_load() -> Response:

@@ -23,11 +23,17 @@ def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 81
               max_prefill_tokens: int = 4096, disable_radix_cache: bool = False, max_running: int = 128,
               policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32",
               stall_timeout: float = 30.0, role: EngineRole | None = None, jump_forward: bool = True,
-              speculative: SpeculativeConfig = SpeculativeConfig(), drafter: Drafter | None = None) -> EngineCore:
+              speculative: SpeculativeConfig = SpeculativeConfig(), drafter: Drafter | None = None,
+              hicache: CacheConfig | None = None) -> EngineCore:
+    """``hicache``: a CacheConfig whose HiCache fields are used (the pool's come from the arguments)."""
+    h = hicache or CacheConfig()
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(model_dir), dtype=dtype),
         CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
-                    disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
+                    disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction,
+                    enable_hierarchical_cache=h.enable_hierarchical_cache, hicache_ratio=h.hicache_ratio,
+                    hicache_size=h.hicache_size, hicache_write_policy=h.hicache_write_policy,
+                    hicache_write_threshold=h.hicache_write_threshold),
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
                         max_running_requests=max_running, schedule_policy=policy,
                         stall_timeout_secs=stall_timeout),

@@ -1,0 +1,157 @@
+"""HiCache's tree over a real device pool and host pool, driven by seeded random streams of insert / match /
+load-back / lock / unlock / evict, checked after every step:
+
+- structure, counters and both allocators agree (each page free or owned once, in the tier the tree says);
+- every page the tree names, in either tier, holds the KV written for exactly that prefix (the pages carry a
+  value derived from (namespace, tokens through the page), so a copy to the wrong page or a stale page fails);
+- a locked match keeps its L1 pages (never demoted or freed);
+- with a host tier large enough for everything, nothing is ever lost: every inserted prefix is still matched
+  in full (L1 + L2), whatever L1 evicted; with a small one, what is matched is still right."""
+from __future__ import annotations
+
+import zlib
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.mem.allocator import PageAllocator
+from engine.mem.base import MatchResult
+from engine.mem.hicache import HostTier
+from engine.mem.host_pool import HostPool
+from engine.mem.kv_pool import KVPool, KVShape
+from engine.mem.radix_cache import RadixCache
+
+PAGE = 2
+DEVICE_PAGES = 7  # 6 usable: inserts of up to 4 pages force evictions all the time
+NAMESPACES = [None, "tenant-a"]
+STEMS = [(1, 2, 3, 4), (1, 2, 5, 6), (7, 8), ()]
+tokens = st.lists(st.integers(min_value=1, max_value=3), min_size=0, max_size=8)
+
+
+def value(ns: str | None, prefix: tuple[int, ...]) -> float:
+    return float(zlib.crc32(repr((ns, prefix)).encode()) % 1_000_003)
+
+
+class HiCacheAgainstReference(RuleBasedStateMachine):
+    policy = "write_back"
+    host_pages = 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        shape = KVShape(num_layers=2, num_pages=DEVICE_PAGES, page_size=PAGE, num_kv_heads=1, head_dim=2,
+                        dtype=torch.float32)
+        self.kv = KVPool(shape, torch.device("cpu"))
+        self.device = PageAllocator(DEVICE_PAGES)
+        self.host = HostPool(shape, self.host_pages, torch.device("cpu"))
+        self.tier = HostTier(self.host, self.kv, self.device, self.policy, write_threshold=2)
+        self.cache = RadixCache(PAGE, self.device.free, "lru", self.tier)
+        self.inserted: set[tuple[str | None, tuple[int, ...]]] = set()
+        self.locks: list[tuple[MatchResult, str | None, tuple[int, ...]]] = []
+
+    def _key(self, stem: int, tail: list[int]) -> tuple[int, ...]:
+        key = STEMS[stem] + tuple(tail)
+        return key[: len(key) - len(key) % PAGE]
+
+    def _fill(self, pages: list[int], ns: str | None, key: tuple[int, ...]) -> None:
+        for k, page in enumerate(pages):
+            self.kv.data[:, :, page * PAGE:(page + 1) * PAGE] = value(ns, key[: (k + 1) * PAGE])
+
+    def _expected(self, ns: str | None, key: tuple[int, ...]) -> int:
+        n = 0
+        while n + PAGE <= len(key) and (ns, key[: n + PAGE]) in self.inserted:
+            n += PAGE
+        return n
+
+    @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens)
+    def insert(self, ns: str | None, stem: int, tail: list[int]) -> None:
+        key = self._key(stem, tail)
+        need = len(key) // PAGE
+        if self.device.available < need:
+            self.cache.evict((need - self.device.available) * PAGE)
+        pages = self.device.alloc(need)
+        if pages is None:
+            return  # everything is locked: the caller would wait
+        self._fill(pages, ns, key)
+        before = self.cache.match_prefix(key, ns).num_tokens
+        held = self.cache.insert(key, pages, extra_key=ns)
+        assert held == before, "insert reports the L1-held prefix it did not take pages for"
+        self.device.free(pages[: held // PAGE])
+        self.inserted.update((ns, key[: (k + 1) * PAGE]) for k in range(need))
+
+    @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens, load=st.booleans(),
+          lock=st.booleans())
+    def match(self, ns: str | None, stem: int, tail: list[int], load: bool, lock: bool) -> None:
+        key = STEMS[stem] + tuple(tail)
+        result = self.cache.match_prefix(key, ns)
+        if self.host_pages >= 200:
+            assert result.num_tokens + result.host_tokens == self._expected(ns, key), "a prefix was lost"
+        if load:
+            total = result.num_tokens + result.host_tokens
+            result = self.cache.load_back(result)
+            assert result.num_tokens <= total and not result.host_nodes
+            if self.device.capacity - self.cache.protected_size // PAGE >= total // PAGE:
+                assert result.num_tokens == total, "load-back stopped with room left"
+        for k, page in enumerate(result.pages):
+            got = self.kv.data[:, :, page * PAGE:(page + 1) * PAGE]
+            assert torch.all(got == value(ns, key[: (k + 1) * PAGE])), f"L1 page {page} holds another prefix's KV"
+        if lock and result.pages:
+            self.cache.inc_lock(result.node)
+            self.locks.append((result, ns, key[: result.num_tokens]))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(min_value=0))
+    def unlock(self, i: int) -> None:
+        result, _, _ = self.locks.pop(i % len(self.locks))
+        self.cache.dec_lock(result.node)
+
+    @rule(n=st.integers(min_value=0, max_value=12))
+    def evict(self, n: int) -> None:
+        evictable = self.cache.evictable_size
+        assert self.cache.evict(n) >= min(n, evictable)
+
+    @invariant()
+    def tiers_hold_the_right_kv(self) -> None:
+        self.cache.check_invariants()
+        self.device.check_integrity([self.cache.owned_pages()])
+        for ns, prefix, pages, host in self.cache.entries():
+            first = len(prefix) // PAGE - len(pages or host or ())
+            for k, page in enumerate(pages):
+                got = self.kv.data[:, :, page * PAGE:(page + 1) * PAGE]
+                assert torch.all(got == value(ns, prefix[: (first + k + 1) * PAGE]))
+            for k, page in enumerate(host or ()):
+                got = self.host.data[:, :, page * PAGE:(page + 1) * PAGE]
+                assert torch.all(got == value(ns, prefix[: (first + k + 1) * PAGE])), "L2 page holds wrong KV"
+        for result, ns, key in self.locks:
+            again = self.cache.match_prefix(key, ns)
+            assert again.pages[: len(result.pages)] == result.pages, "a locked prefix left L1"
+
+
+class WriteThroughRoomy(HiCacheAgainstReference):
+    policy = "write_through"
+
+
+class SelectiveRoomy(HiCacheAgainstReference):
+    policy = "write_through_selective"
+
+
+class WriteBackTight(HiCacheAgainstReference):
+    host_pages = 5  # 4 usable: L2 drops entries all the time
+
+
+class WriteThroughTight(HiCacheAgainstReference):
+    policy = "write_through"
+    host_pages = 5
+
+
+_SETTINGS = settings(max_examples=60, stateful_step_count=40, derandomize=True, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
+TestWriteBackRoomy = HiCacheAgainstReference.TestCase
+TestWriteThroughRoomy = WriteThroughRoomy.TestCase
+TestSelectiveRoomy = SelectiveRoomy.TestCase
+TestWriteBackTight = WriteBackTight.TestCase
+TestWriteThroughTight = WriteThroughTight.TestCase
+for _case in (TestWriteBackRoomy, TestWriteThroughRoomy, TestSelectiveRoomy, TestWriteBackTight,
+              TestWriteThroughTight):
+    _case.settings = _SETTINGS
