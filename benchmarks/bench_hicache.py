@@ -2,7 +2,10 @@
 short distinct questions, asked round-robin for ``--rounds`` rounds, so each tenant's prompt recurs only after
 the device pool (sized for ``--l1-tenants`` tenants) has cycled. Same run, one server per configuration, the
 requests alternating between them one at a time (no two servers compute at once): the radix cache alone (L1),
-and L1 + a host tier (L2) holding every tenant, under write_through and write_back.
+L1 + a host tier (L2) holding every tenant, under write_through and write_back, and L1 + L2 + the file store
+(L3). Then a second worker: a fresh server on the same store directory asks every tenant once more (a new
+question), so its prefixes come only from what the first worker stored; its TTFT is compared with the cold
+TTFT of the first round (the prefix computed).
 
 Reported per configuration: TTFT p50/p99 of the recurring rounds (streamed /v1/completions, time to the first
 token), requests/s over the whole run, prompt tokens actually computed (prompt minus cached), and hit tokens by
@@ -15,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -68,12 +73,16 @@ def main() -> None:
                "L1+L2 write_through": ["--enable-hierarchical-cache", "--hicache-ratio", f"{ratio:.2f}"],
                "L1+L2 write_back": ["--enable-hierarchical-cache", "--hicache-ratio", f"{ratio:.2f}",
                                     "--hicache-write-policy", "write_back"]}
+    store = Path(tempfile.mkdtemp(prefix="bench-hicache-store-"))
+    l3 = ["--enable-hierarchical-cache", "--hicache-ratio", f"{ratio:.2f}", "--hicache-storage-backend", "file",
+          "--hicache-storage-dir", str(store)]
+    configs["L1+L2+L3 file"] = l3
     rng = random.Random(0)
     systems = [[rng.randrange(100, 49000) for _ in range(args.system_tokens)] for _ in range(args.tenants)]
     requests = [(r, s + [rng.randrange(100, 49000) for _ in range(QUESTION)])
                 for r in range(args.rounds) for s in systems]
     servers = {name: Process("engine", [*common, *flags]) for name, flags in configs.items()}
-    raw: dict[str, dict[str, Any]] = {name: {"ttft": [], "busy_s": 0.0} for name in configs}
+    raw: dict[str, dict[str, Any]] = {name: {"ttft": [], "cold": [], "busy_s": 0.0} for name in configs}
     try:
         for srv in servers.values():
             srv.wait_ready("/health")
@@ -84,29 +93,45 @@ def main() -> None:
                 start = time.perf_counter()
                 t = ttft(client, model, ids)
                 raw[name]["busy_s"] += time.perf_counter() - start
-                if rnd > 0:
-                    raw[name]["ttft"].append(t)
+                raw[name]["ttft" if rnd > 0 else "cold"].append(t)
         rows = []
         for name, srv in servers.items():
             prompt = metric_total(srv.url, "splitserve_prompt_tokens_total")
             cached = metric_total(srv.url, "splitserve_cached_prompt_tokens_total")
             host = metric_total(srv.url, "splitserve_hicache_loaded_tokens_total")
+            from_store = metric_total(srv.url, "splitserve_hicache_store_loaded_tokens_total")
             rows.append({"config": name, "ttft_p50_s": statistics.median(raw[name]["ttft"]),
                          "ttft_p99_s": pct(raw[name]["ttft"], 0.99),
                          "req_per_s": len(requests) / raw[name]["busy_s"],
-                         "prompt_tokens_computed": prompt - cached, "device_hit_tokens": cached - host,
-                         "host_hit_tokens": host})
+                         "prompt_tokens_computed": prompt - cached,
+                         "device_hit_tokens": cached - host - from_store, "host_hit_tokens": host,
+                         "store_hit_tokens": from_store})
+        second = Process("engine", [*common, *l3])  # another worker on the same store
+        servers["second worker, L3 only"] = second
+        second.wait_ready("/health")
+        with httpx.Client(base_url=second.url, timeout=600) as client:
+            again = [ttft(client, model, s + [rng.randrange(100, 49000) for _ in range(QUESTION)]) for s in systems]
+        loaded = metric_total(second.url, "splitserve_hicache_store_loaded_tokens_total")
+        cold = statistics.median(raw["L1 (radix cache)"]["cold"])
+        rows.append({"config": "second worker, L3 only", "ttft_p50_s": statistics.median(again),
+                     "ttft_p99_s": pct(again, 0.99), "store_hit_tokens": loaded,
+                     "ttft_p50_vs_cold": statistics.median(again) / cold})
+        raw["second worker"] = {"ttft": again}
     finally:
         for srv in servers.values():
             srv.stop()
-    base = rows[0]
+        shutil.rmtree(store, ignore_errors=True)
     for row in rows:
+        row.setdefault("ttft_p50_vs_cold", row["ttft_p50_s"] / statistics.median(raw["L1 (radix cache)"]["cold"]))
+    base = rows[0]
+    for row in rows[:len(configs)]:
         row["ttft_p50_vs_L1"] = row["ttft_p50_s"] / base["ttft_p50_s"]
         row["throughput_vs_L1"] = row["req_per_s"] / base["req_per_s"]
     print(f"{args.tenants} tenants x {args.system_tokens}-token system prompts, {args.rounds} rounds; device pool "
           f"{l1_tokens} tokens ({args.l1_tenants} tenants), host tier {ratio:.2f}x that")
-    print(table(rows, ["config", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_L1", "req_per_s", "throughput_vs_L1",
-                       "prompt_tokens_computed", "device_hit_tokens", "host_hit_tokens"]))
+    print(table(rows, ["config", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_L1", "ttft_p50_vs_cold", "req_per_s",
+                       "throughput_vs_L1", "prompt_tokens_computed", "device_hit_tokens", "host_hit_tokens",
+                       "store_hit_tokens"]))
     write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out)}, "results": rows,
                           "raw": raw})
 

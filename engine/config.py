@@ -8,6 +8,7 @@ EVICTION_POLICIES = ("lru", "lfu", "priority")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PREPACK_MODES = ("auto", "on", "off")
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+HICACHE_STORAGE_BACKENDS = ("none", "file")
 API_KEY_ENV = "SPLITSERVE_API_KEY"  # a worker's --api-key, when not given on the command line
 
 
@@ -73,11 +74,18 @@ class CacheConfig:
                 "(and when evicted)", "choices": HICACHE_WRITE_POLICIES})
     hicache_write_threshold: int = field(default=2, metadata={
         "help": "hits (matches or inserts) before write_through_selective copies a prefix to the host tier"})
+    hicache_storage_backend: str = field(default="none", metadata={
+        "help": "HiCache's shared tier (L3) under the host tier: file = one file per page under "
+                "--hicache-storage-dir, shared by every worker pointed at it (same model and KV layout)",
+        "choices": HICACHE_STORAGE_BACKENDS})
+    hicache_storage_dir: str | None = field(default=None, metadata={
+        "help": "the file backend's directory (default: hicache/ in the splitserve cache folder)"})
 
     def check(self) -> None:
         d = CacheConfig()
         if not self.enable_hierarchical_cache:
-            for name in ("hicache_ratio", "hicache_size", "hicache_write_policy", "hicache_write_threshold"):
+            for name in ("hicache_ratio", "hicache_size", "hicache_write_policy", "hicache_write_threshold",
+                         "hicache_storage_backend", "hicache_storage_dir"):
                 if getattr(self, name) != getattr(d, name):
                     raise EngineConfigError(f"--{name.replace('_', '-')} needs --enable-hierarchical-cache")
             return
@@ -90,6 +98,8 @@ class CacheConfig:
                                     "or give --hicache-size in GB")
         if self.hicache_write_threshold < 1:
             raise EngineConfigError("--hicache-write-threshold must be at least 1")
+        if self.hicache_storage_dir is not None and self.hicache_storage_backend != "file":
+            raise EngineConfigError("--hicache-storage-dir needs --hicache-storage-backend file")
         selective = self.hicache_write_policy == "write_through_selective"
         if not selective and self.hicache_write_threshold != d.hicache_write_threshold:
             raise EngineConfigError("--hicache-write-threshold applies to --hicache-write-policy "

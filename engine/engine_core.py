@@ -23,6 +23,7 @@ from engine.mem.base import NoPrefixCache, PrefixCache
 from engine.mem.hicache import host_tier_for
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
+from engine.mem.storage import weight_files
 from engine.models import load_model
 from engine.models.loader import DTYPES
 from engine.models.source import resolve_model_path
@@ -118,7 +119,8 @@ class EngineCore:
         self.pool = KVPool(self.kv_shape, self.device,
                            kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
-        self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device)
+        self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device, self.model_dir / "config.json",
+                                     weight_files(self.source.folder, self.source.gguf))
         self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
                                    RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy,
                                               self.hicache))

@@ -149,7 +149,15 @@ class _HiCacheCounters:
                 ("splitserve_hicache_loaded_bytes", "Bytes copied from the host tier into the KV pool", s.loaded_bytes),
                 ("splitserve_hicache_written_tokens", "Tokens whose KV was copied to the host tier", s.written_tokens),
                 ("splitserve_hicache_written_bytes", "Bytes copied from the KV pool to the host tier",
-                 s.written_bytes)):
+                 s.written_bytes),
+                ("splitserve_hicache_stored_tokens", "Tokens whose KV was written to the shared store (L3)",
+                 s.stored_tokens),
+                ("splitserve_hicache_store_loaded_tokens", "Prompt tokens whose KV came from the shared store",
+                 s.store_loaded_tokens),
+                ("splitserve_hicache_store_misses", "Store entries missing or corrupt when read (recomputed)",
+                 s.store_misses),
+                ("splitserve_hicache_store_failures", "Store operations that failed (logged; requests go on)",
+                 s.store_failures)):
             family = CounterMetricFamily(name, doc, labels=["role"])
             family.add_metric([self.role], value)
             yield family

@@ -17,7 +17,9 @@ class MatchResult:
     node: Any  # opaque handle for lock/unlock (the match's last L1 node)
     page_size: int
     host_nodes: tuple[Any, ...] = ()  # HiCache: the match continues in lower tiers (``load_back`` copies it in)
-    host_tokens: int = 0
+    host_tokens: int = 0  # tokens in lower tiers (host nodes, then stored pages)
+    stored_keys: tuple[str, ...] = ()  # pages after the tree's match that the shared store (L3) holds
+    stored_tokens: tuple[int, ...] = ()  # their token ids
 
     @property
     def num_tokens(self) -> int:

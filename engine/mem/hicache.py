@@ -3,10 +3,12 @@ device allocator load-back takes pages from, the write policy, and the counters 
 decides what moves where (engine/mem/radix_cache.py); this object moves it and counts it."""
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -14,6 +16,10 @@ from engine.config import HICACHE_WRITE_POLICIES, CacheConfig, EngineConfigError
 from engine.mem.allocator import PageAllocator
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool
+from engine.tiny_model import default_cache_dir
+from engine.mem.storage import FileStore, PageStore, StoreError, chain_keys, model_fingerprint, seal, unseal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -24,12 +30,16 @@ class HiCacheStats:
     loaded_bytes: int = 0
     written_tokens: int = 0  # tokens copied L1 -> L2
     written_bytes: int = 0
+    stored_tokens: int = 0  # tokens written to the shared store (L3)
+    store_loaded_tokens: int = 0  # tokens copied L3 -> L1 (prefix hits served from the store)
+    store_misses: int = 0  # entries found missing, short or corrupt when read (recomputed instead)
+    store_failures: int = 0  # store operations that failed (unreachable, full, too slow)
     load_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))  # drained by metrics
 
 
 class HostTier:
     def __init__(self, host: HostPool, kv: KVPool, device: PageAllocator, write_policy: str = "write_through",
-                 write_threshold: int = 2) -> None:
+                 write_threshold: int = 2, store: PageStore | None = None, namespace: bytes = b"") -> None:
         if write_policy not in HICACHE_WRITE_POLICIES:
             raise ValueError(f"write policy {write_policy!r} is not one of {', '.join(HICACHE_WRITE_POLICIES)}")
         self.host = host
@@ -37,6 +47,8 @@ class HostTier:
         self.device = device
         self.write_policy = write_policy
         self.write_threshold = write_threshold
+        self.store = store
+        self.namespace = namespace  # model identity and KV layout: L3 keys of another model never match
         self.stats = HiCacheStats()
         self._loading_since: float | None = None
 
@@ -79,6 +91,77 @@ class HostTier:
             self._loading_since = None
         self.stats.loaded_tokens += tokens
 
+    # -- the shared store (L3) -------------------------------------------------------------------------------
+    def _keys(self, extra_key: str | None, tokens: Sequence[int]) -> list[str]:
+        ns = self.namespace + b"\0" + (b"" if extra_key is None else b"k" + extra_key.encode())
+        return chain_keys(ns, tokens, self.host.shape.page_size)
+
+    def _failed(self, op: str, e: StoreError) -> None:
+        self.stats.store_failures += 1
+        log.warning("hicache store %s failed, going on without it: %s", op, e)
+
+    def stored_run(self, extra_key: str | None, tokens: Sequence[int], first_page: int) -> list[str]:
+        """Keys of the pages of ``tokens`` from ``first_page`` on that the store holds, up to the first it lacks."""
+        assert self.store is not None
+        run = []
+        for key in self._keys(extra_key, tokens)[first_page:]:
+            try:
+                if not self.store.exists(key):
+                    break
+            except StoreError as e:
+                self._failed("lookup", e)
+                break
+            run.append(key)
+        return run
+
+    def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int]) -> bool:
+        """Store the last ``len(device_pages)`` pages of ``prefix`` (whose KV they hold); False on a failure."""
+        assert self.store is not None
+        ps = self.host.shape.page_size
+        keys = self._keys(extra_key, prefix)[-len(device_pages):]
+        try:
+            for key, page in zip(keys, device_pages):
+                if not self.store.exists(key):  # content-addressed: an entry there already is this one
+                    self.store.put(key, seal(self._page_bytes(page)))
+                    self.stats.stored_tokens += ps
+        except StoreError as e:
+            self._failed("write", e)
+            return False
+        return True
+
+    def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
+        """Copy stored pages into ``device_pages`` in order; returns how many, stopping at the first missing,
+        corrupt or failed one."""
+        assert self.store is not None
+        if self._loading_since is None:
+            self._loading_since = time.perf_counter()
+        size = len(self._page_bytes(0))
+        for n, (key, page) in enumerate(zip(keys, device_pages)):
+            try:
+                data = unseal(self.store.get(key), size)
+            except StoreError as e:
+                self._failed("read", e)
+                return n
+            if data is None:
+                self.stats.store_misses += 1
+                log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
+                return n
+            self._set_page(page, data)
+            self.stats.store_loaded_tokens += self.host.shape.page_size
+        return len(keys)
+
+    def _page_view(self, page: int):  # noqa: ANN202 - a tensor view
+        ps = self.host.shape.page_size
+        return self.kv.data[:, :, page * ps:(page + 1) * ps]
+
+    def _page_bytes(self, page: int) -> bytes:
+        return self._page_view(page).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+    def _set_page(self, page: int, data: bytes) -> None:
+        view = self._page_view(page)
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(view.dtype).view(view.shape)
+        view.copy_(src)
+
     def check_integrity(self, owned: Sequence[int]) -> None:
         self.host.allocator.check_integrity([owned])
 
@@ -87,12 +170,15 @@ class HostTier:
         return {"write_policy": self.write_policy, "host_pages_total": self.host.allocator.capacity,
                 "host_pages_used": self.host.allocator.used, "loaded_tokens": s.loaded_tokens,
                 "loaded_bytes": s.loaded_bytes, "written_tokens": s.written_tokens,
-                "written_bytes": s.written_bytes}
+                "written_bytes": s.written_bytes, "storage_backend": "file" if self.store is not None else None,
+                "stored_tokens": s.stored_tokens, "store_loaded_tokens": s.store_loaded_tokens,
+                "store_misses": s.store_misses, "store_failures": s.store_failures}
 
 
-def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator,
-                  device: torch.device) -> HostTier | None:
-    """The host tier ``cfg`` asks for (--hicache-size GB, or --hicache-ratio times the device pool), or None."""
+def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, device: torch.device,
+                  config: Path | None = None, weights: Sequence[Path] = ()) -> HostTier | None:
+    """The host tier ``cfg`` asks for (--hicache-size GB, or --hicache-ratio times the device pool), or None;
+    with a store, its keys are namespaced by the checkpoint (``config``, ``weights``) and the KV layout."""
     if not cfg.enable_hierarchical_cache:
         return None
     page_bytes = pool.shape.page_size * pool.shape.bytes_per_token
@@ -100,5 +186,14 @@ def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator,
              int(device_pages.capacity * cfg.hicache_ratio))
     if pages < 1:
         raise EngineConfigError(f"--hicache-size {cfg.hicache_size} GB holds no page ({page_bytes} bytes each)")
+    store, model_id = None, ""
+    if cfg.hicache_storage_backend == "file":
+        try:
+            store = FileStore(Path(cfg.hicache_storage_dir or default_cache_dir() / "hicache"))
+        except StoreError as e:
+            raise EngineConfigError(f"--hicache-storage-dir: {e}") from e
+        model_id = model_fingerprint(config or Path("config.json"), weights)
+    s = pool.shape
+    layout = f"{model_id}|{s.num_layers}x{s.num_kv_heads}x{s.head_dim}|{s.dtype}|page{s.page_size}"
     return HostTier(HostPool(pool.shape, pages + 1, device), pool, device_pages, cfg.hicache_write_policy,
-                    cfg.hicache_write_threshold)
+                    cfg.hicache_write_threshold, store, layout.encode())

@@ -14,8 +14,9 @@ and load-back promotes from the top. Evicting an L1 node demotes it (write_back 
 write_through every inserted node was mirrored already; write_through_selective mirrors a node once it was
 inserted ``write_threshold`` times). ``match_prefix`` reports the L2-only continuation of a match and
 ``load_back`` copies it into fresh L1 pages. L2 is full: mirrors of L1 nodes and L2-only leaves are dropped in
-LRU order (``host_ref`` protects a node being loaded). Access times are a logical clock, so behaviour is
-deterministic."""
+LRU order (``host_ref`` protects a node being loaded). With a shared store (L3) under the host tier, a node
+is written there when it reaches L2, and a match continues past the tree with the pages the store holds
+(``load_back`` reads them into a new node). Access times are a logical clock, so behaviour is deterministic."""
 from __future__ import annotations
 
 import heapq
@@ -24,28 +25,7 @@ from collections.abc import Callable, Sequence
 from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
 from engine.mem.hicache import HostTier
-
-PageKey = tuple[int, ...]
-
-
-class TreeNode:
-    __slots__ = ("children", "parent", "key", "pages", "host", "lock_ref", "host_ref", "last_access", "hits",
-                 "priority")
-
-    def __init__(self, key: PageKey, pages: list[int], parent: TreeNode | None) -> None:
-        self.children: dict[PageKey, TreeNode] = {}
-        self.parent = parent
-        self.key = key
-        self.pages = pages  # L1 pages; empty when the node lives in L2 only
-        self.host: list[int] | None = None  # L2 pages
-        self.lock_ref = 0
-        self.host_ref = 0
-        self.last_access = 0
-        self.hits = 0
-        self.priority = 0
-
-    def __lt__(self, other: TreeNode) -> bool:  # heap tie-break; ordering is by the policy tuple first
-        return id(self) < id(other)
+from engine.mem.tree_node import PageKey, TreeNode
 
 
 class RadixCache(PrefixCache):
@@ -113,12 +93,18 @@ class RadixCache(PrefixCache):
                 host_nodes.append(child)  # L2 only, and so is everything below it
             node = child
             i += common
-        return MatchResult(pages, last_l1, self.page_size, tuple(host_nodes), sum(len(n.key) for n in host_nodes))
+        lower = sum(len(n.key) for n in host_nodes)
+        stored: list[str] = []
+        if self.tier is not None and self.tier.store is not None and i < limit:
+            stored = self.tier.stored_run(extra_key, key[:limit], i // self.page_size)
+            lower += len(stored) * self.page_size
+        return MatchResult(pages, last_l1, self.page_size, tuple(host_nodes), lower, tuple(stored),
+                           tuple(key[i:i + len(stored) * self.page_size]))
 
     def load_back(self, match: MatchResult) -> MatchResult:
-        """Copy the match's L2-only continuation into fresh L1 pages (as far as L1 has room, evicting unlocked
-        entries); returns the match extended by what was loaded."""
-        if not match.host_nodes or self.tier is None:
+        """Copy the match's L2-only continuation, then the pages the shared store holds after it, into fresh L1
+        pages (as far as L1 has room, evicting unlocked entries); returns the match extended by what was loaded."""
+        if not (match.host_nodes or match.stored_keys) or self.tier is None:
             return match
         tier = self.tier
         self.inc_lock(match.node)  # the L1 part must not be demoted to make room
@@ -141,12 +127,43 @@ class RadixCache(PrefixCache):
                 self.dec_lock(node)
                 pages.extend(new)
                 node, loaded = n, loaded + len(n.key)
+            else:  # every L2 node came back: the store may continue the match
+                if match.stored_keys:
+                    node, got = self._load_stored(node, match)
+                    pages.extend(got)
         finally:
             self.dec_lock(node)
             for n in match.host_nodes:
                 n.host_ref -= 1
         tier.loaded(loaded)
         return MatchResult(pages, node, self.page_size)
+
+    def _load_stored(self, node: TreeNode, match: MatchResult) -> tuple[TreeNode, list[int]]:
+        """Read the match's stored pages into fresh L1 pages as a new child of ``node`` (locked in its place);
+        returns the deepest node and the pages loaded (fewer than asked where an entry was missing or bad)."""
+        tier = self.tier
+        assert tier is not None
+        need = len(match.stored_keys)
+        if tier.device_available() < need:
+            self.evict((need - tier.device_available()) * self.page_size)
+        new = tier.alloc_device(need) or tier.alloc_device(tier.device_available())
+        got = tier.read_store(match.stored_keys, new or [])
+        if new and got < len(new):
+            self._free_pages(new[got:])
+        first = self._page_key(match.stored_tokens, 0)
+        if got == 0 or first in node.children:
+            if got:
+                self._free_pages(new[:got])
+            return node, []
+        child = TreeNode(tuple(match.stored_tokens[:got * self.page_size]), new[:got], node)
+        child.stored = True
+        self._touch(child)
+        node.children[first] = child
+        self._evictable += len(child.key)
+        self.inc_lock(child)
+        self.dec_lock(node)
+        self._mirror(child)
+        return child, new[:got]
 
     # -- updates -----------------------------------------------------------------------------------------------
     def insert(self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,
@@ -192,8 +209,8 @@ class RadixCache(PrefixCache):
         assert parent is not None
         cut = at // self.page_size
         upper = TreeNode(child.key[:at], child.pages[:cut], parent)
-        upper.lock_ref, upper.host_ref, upper.last_access, upper.hits, upper.priority = (
-            child.lock_ref, child.host_ref, child.last_access, child.hits, child.priority)
+        upper.lock_ref, upper.host_ref, upper.last_access, upper.hits, upper.priority, upper.stored = (
+            child.lock_ref, child.host_ref, child.last_access, child.hits, child.priority, child.stored)
         if child.host is not None:
             upper.host, child.host = child.host[:cut], child.host[cut:]
         child.key = child.key[at:]
@@ -296,6 +313,18 @@ class RadixCache(PrefixCache):
         if slots is not None:
             tier.save(node.pages, slots)
             node.host = slots
+        if tier.store is not None and not node.stored:
+            ns, prefix = self._path(node)
+            node.stored = tier.write_store(ns, prefix, node.pages)
+
+    def _path(self, node: TreeNode) -> tuple[str | None, PageKey]:
+        """``node``'s namespace and the tokens from its root through it."""
+        parts, n = [], node
+        while n.parent is not None:
+            parts.append(n.key)
+            n = n.parent
+        ns = next(k for k, root in self._roots.items() if root is n)
+        return ns, tuple(t for part in reversed(parts) for t in part)
 
     def _evict_host(self, pages: int, keep: TreeNode) -> None:
         """Free at least ``pages`` L2 pages: drop mirrors of L1 nodes and L2-only leaves, least recent first."""

@@ -25,7 +25,7 @@ class KVManager:
         # prompt logprobs need every prompt position's logits: nothing may come from the cache
         key = [] if req.sampling.prompt_logprobs is not None else req.tokens(0, req.seq_len - 1)
         match = self.cache.match_prefix(key, req.extra_key)
-        return self.cache.load_back(match) if load and match.host_nodes else match
+        return self.cache.load_back(match) if load and match.host_tokens else match
 
     def reserve(self, pages: int) -> bool:
         """Make ``pages`` free pages available, evicting unlocked cache entries if needed."""

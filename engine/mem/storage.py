@@ -1,0 +1,127 @@
+"""HiCache's shared tier (L3): KV pages in a store other workers can read, addressed by content.
+
+A page's key is a hash chain, blake2b(previous page's key + the page's token ids), seeded with a namespace:
+the model's identity, the KV layout (layers, KV heads, head dim, dtype, page size) and the request's
+``extra_key``. Two workers with the same model and layout therefore share entries, different namespaces never
+do, and a key names its whole prefix, not just its page. An entry is the page's K and V for every layer
+followed by a 16-byte blake2b digest of them; a missing, short or corrupt entry is a miss (the tokens are
+recomputed), never wrong KV. Store failures (unreachable, full, slow past its deadline) are misses or dropped
+writes as well, counted and logged: no request fails because of the store."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+DIGEST = 16
+
+
+def chain_keys(namespace: bytes, tokens: Sequence[int], page_size: int) -> list[str]:
+    """The store key of every whole page of ``tokens`` (page i's key covers tokens[: (i + 1) * page_size])."""
+    keys, prev = [], hashlib.blake2b(namespace, digest_size=20).digest()
+    for start in range(0, len(tokens) - len(tokens) % page_size, page_size):
+        page = b"".join(t.to_bytes(4, "little") for t in tokens[start:start + page_size])
+        prev = hashlib.blake2b(prev + page, digest_size=20).digest()
+        keys.append(prev.hex())
+    return keys
+
+
+def seal(data: bytes) -> bytes:
+    return data + hashlib.blake2b(data, digest_size=DIGEST).digest()
+
+
+def unseal(entry: bytes | None, size: int) -> bytes | None:
+    """The payload of a sealed entry of ``size`` payload bytes, or None if it is missing, short or corrupt."""
+    if entry is None or len(entry) != size + DIGEST:
+        return None
+    data = entry[:size]
+    return data if hashlib.blake2b(data, digest_size=DIGEST).digest() == entry[size:] else None
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (unreachable, full, too slow)."""
+
+
+class PageStore(ABC):
+    """Bytes by key. Implementations raise StoreError for failures; a key that is simply absent is not one."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+
+class FileStore(PageStore):
+    """``--hicache-storage-backend file``: one file per page under a directory (``--hicache-storage-dir``) that
+    workers on one host, or on a shared file system, point at. Writes go to a temporary file and are renamed
+    into place, so a reader sees a whole entry or none."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot use {root} as the store directory: {e}") from e
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"reading {key}: {e}") from e
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:
+            raise StoreError(f"writing {key}: {e}") from e
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self._path(key).is_file()
+        except OSError as e:
+            raise StoreError(f"looking up {key}: {e}") from e
+
+
+def model_fingerprint(config: Path, weights: Sequence[Path]) -> str:
+    """Identity of a checkpoint for L3 namespaces: its config.json and, per weight file, its size and 16
+    64-KiB samples spread over it (two fine-tunes of one architecture differ throughout their weights; hashing
+    whole files would cost seconds per GB at start-up)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(config.read_bytes() if config.is_file() else b"")
+    for path in sorted(weights):
+        size = path.stat().st_size
+        h.update(path.name.encode() + size.to_bytes(8, "little"))
+        with path.open("rb") as f:
+            for i in range(16):
+                f.seek(size * i // 16)
+                h.update(f.read(1 << 16))
+    return h.hexdigest()
+
+
+def weight_files(folder: Path, gguf: Path | None) -> list[Path]:
+    if gguf is not None:
+        return [gguf]
+    return [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt")]
