@@ -120,7 +120,7 @@ class EngineCore:
                            kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
         self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device, self.model_dir / "config.json",
-                                     weight_files(self.source.folder, self.source.gguf))
+                                     weight_files(self.source.folder, self.source.gguf), str(self.dtype))
         self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
                                    RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy,
                                               self.hicache))

@@ -139,16 +139,17 @@ class HostTier:
         for n, (key, page) in enumerate(zip(keys, device_pages)):
             try:
                 data = unseal(self.store.get(key), size)
+                if data is None:  # missing, short or corrupt: drop it, so the recomputed page replaces it
+                    self.stats.store_misses += 1
+                    log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
+                    self.store.delete(key)
+                    return n
             except StoreError as e:
                 self._failed("read", e)
                 return n
-            if data is None:
-                self.stats.store_misses += 1
-                log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
-                return n
             self._set_page(page, data)
             self.stats.store_loaded_tokens += self.host.shape.page_size
-        return len(keys)
+        return min(len(keys), len(device_pages))
 
     def _page_view(self, page: int):  # noqa: ANN202 - a tensor view
         ps = self.host.shape.page_size
@@ -176,9 +177,10 @@ class HostTier:
 
 
 def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, device: torch.device,
-                  config: Path | None = None, weights: Sequence[Path] = ()) -> HostTier | None:
+                  config: Path | None = None, weights: Sequence[Path] = (), weight_dtype: str = "") -> HostTier | None:
     """The host tier ``cfg`` asks for (--hicache-size GB, or --hicache-ratio times the device pool), or None;
-    with a store, its keys are namespaced by the checkpoint (``config``, ``weights``) and the KV layout."""
+    with a store, its keys are namespaced by the checkpoint (``config``, ``weights``), the dtype the weights
+    run in (which changes the KV computed) and the KV layout."""
     if not cfg.enable_hierarchical_cache:
         return None
     page_bytes = pool.shape.page_size * pool.shape.bytes_per_token
@@ -194,6 +196,6 @@ def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, d
             raise EngineConfigError(f"--hicache-storage-dir: {e}") from e
         model_id = model_fingerprint(config or Path("config.json"), weights)
     s = pool.shape
-    layout = f"{model_id}|{s.num_layers}x{s.num_kv_heads}x{s.head_dim}|{s.dtype}|page{s.page_size}"
+    layout = f"{model_id}|{weight_dtype}|{s.num_layers}x{s.num_kv_heads}x{s.head_dim}|{s.dtype}|page{s.page_size}"
     return HostTier(HostPool(pool.shape, pages + 1, device), pool, device_pages, cfg.hicache_write_policy,
                     cfg.hicache_write_threshold, store, layout.encode())

@@ -2,10 +2,11 @@
 copies between it and the device pool (L1). On CUDA the buffer is pinned, so copies are DMA transfers; on CPU
 both tiers are RAM and a copy is a gather plus a scatter over the pages' token slots.
 
-Layout is the device pool's ([layers, 2, slots, kv_heads, head_dim]), so a page's K and V for every layer are
-moved by one ``index_select``/``index_copy_`` pair per call, however many pages the call names. Measured on the
-2-core EPYC (SmolLM2, float32, 46 KB per token): about 5 GB/s each way, so a 2,000-token prefix (92 MB) loads
-in ~20 ms where recomputing it takes seconds."""
+Layout is the device pool's ([layers, 2, slots, kv_heads, head_dim]); a call copies each run of pages that
+is contiguous on both sides as one strided copy (2 x layers contiguous blocks), and both allocators hand out
+ascending runs, so a prefix is a few runs. Measured on the 2-core AVX2 EPYC (SmolLM2, float32, 46 KB per
+token, 2,000 tokens = 92 MB): 13 ms each way as one run (7 GB/s), 22 ms as 125 single pages; a gather/scatter
+over the slots (``index_select``/``index_copy_``) took 95 ms."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,31 +26,35 @@ class HostPool:
         dims = (shape.num_layers, 2, self.shape.num_slots, shape.num_kv_heads, shape.head_dim)
         self.data = torch.empty(dims, dtype=shape.dtype, pin_memory=device.type == "cuda")
         self.allocator = PageAllocator(num_pages)
-        self._page_offsets = torch.arange(shape.page_size)
 
     @property
     def page_bytes_all_layers(self) -> int:
         """Bytes one page moves (K and V of every layer)."""
         return self.shape.page_size * self.shape.bytes_per_token
 
-    def _slots(self, pages: Sequence[int], device: torch.device) -> torch.Tensor:
-        idx = torch.tensor(pages, dtype=torch.long)[:, None] * self.shape.page_size + self._page_offsets
-        return idx.reshape(-1).to(device)
+    def _runs(self, src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(src slot, dst slot, slots) for each run of pages contiguous on both sides."""
+        ps, runs = self.shape.page_size, []
+        for a, b in zip(src, dst):
+            if runs and runs[-1][0] + runs[-1][2] == a * ps and runs[-1][1] + runs[-1][2] == b * ps:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + ps)
+            else:
+                runs.append((a * ps, b * ps, ps))
+        return runs
+
+    @staticmethod
+    def _copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]]) -> None:
+        for s, d, n in runs:
+            dst[:, :, d:d + n].copy_(src[:, :, s:s + n], non_blocking=True)
 
     def save(self, kv: KVPool, device_pages: Sequence[int], host_pages: Sequence[int]) -> int:
         """Copy device pages into host pages (same order); returns bytes moved."""
         assert len(device_pages) == len(host_pages)
-        if not device_pages:
-            return 0
-        rows = kv.data.index_select(2, self._slots(device_pages, kv.data.device))
-        self.data.index_copy_(2, self._slots(host_pages, self.data.device), rows.to(self.data.device))
+        self._copy(self.data, kv.data, self._runs(device_pages, host_pages))
         return len(host_pages) * self.page_bytes_all_layers
 
     def load(self, kv: KVPool, host_pages: Sequence[int], device_pages: Sequence[int]) -> int:
         """Copy host pages into device pages (same order); returns bytes moved."""
         assert len(device_pages) == len(host_pages)
-        if not host_pages:
-            return 0
-        rows = self.data.index_select(2, self._slots(host_pages, self.data.device))
-        kv.data.index_copy_(2, self._slots(device_pages, kv.data.device), rows.to(kv.data.device, non_blocking=True))
+        self._copy(kv.data, self.data, self._runs(host_pages, device_pages))
         return len(host_pages) * self.page_bytes_all_layers

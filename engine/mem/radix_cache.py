@@ -120,7 +120,11 @@ class RadixCache(PrefixCache):
                 new = tier.alloc_device(need)
                 if new is None:
                     break
-                tier.load(n.host, new)
+                try:
+                    tier.load(n.host, new)
+                except BaseException:
+                    self._free_pages(new)
+                    raise
                 n.pages = new
                 self._evictable += len(n.key)
                 self.inc_lock(n)  # hold it while its children load (dropped with the rest below)
@@ -146,15 +150,18 @@ class RadixCache(PrefixCache):
         need = len(match.stored_keys)
         if tier.device_available() < need:
             self.evict((need - tier.device_available()) * self.page_size)
-        new = tier.alloc_device(need) or tier.alloc_device(tier.device_available())
-        got = tier.read_store(match.stored_keys, new or [])
-        if new and got < len(new):
-            self._free_pages(new[got:])
+        new = tier.alloc_device(min(need, tier.device_available())) or []
+        try:
+            got = tier.read_store(match.stored_keys, new) if new else 0
+        except BaseException:
+            self._free_pages(new)
+            raise
+        assert got <= len(new)
         first = self._page_key(match.stored_tokens, 0)
         if got == 0 or first in node.children:
-            if got:
-                self._free_pages(new[:got])
+            self._free_pages(new)
             return node, []
+        self._free_pages(new[got:])
         child = TreeNode(tuple(match.stored_tokens[:got * self.page_size]), new[:got], node)
         child.stored = True
         self._touch(child)
@@ -258,8 +265,9 @@ class RadixCache(PrefixCache):
     def _l1_leaf(node: TreeNode) -> bool:
         return bool(node.pages) and not any(c.pages for c in node.children.values())
 
-    def evict(self, num_tokens: int) -> int:
-        """Free L1 pages of at least ``num_tokens`` unlocked tokens (demoting them when there is a host tier)."""
+    def evict(self, num_tokens: int, demote: bool = True) -> int:
+        """Free L1 pages of at least ``num_tokens`` unlocked tokens (demoting them when there is a host tier,
+        unless not ``demote``)."""
         if num_tokens <= 0 or self._evictable == 0:
             return 0
         heap = [(self._order(n), n) for n in self._nodes() if n.lock_ref == 0 and self._l1_leaf(n)]
@@ -269,7 +277,7 @@ class RadixCache(PrefixCache):
             _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None and node.lock_ref == 0 and self._l1_leaf(node)
-            if self.tier is not None and node.host is None:
+            if self.tier is not None and node.host is None and demote:
                 self._demote(node)
             self._free_pages(node.pages)
             node.pages = []
@@ -351,7 +359,7 @@ class RadixCache(PrefixCache):
 
     def flush(self) -> int:
         """Evict everything unlocked from L1 and drop every L2 copy; returns L1 tokens freed."""
-        freed = self.evict(self._evictable)
+        freed = self.evict(self._evictable, demote=False)
         if self.tier is None:
             return freed
         for node in self._nodes():  # the topmost L2-only nodes, each with its subtree

@@ -59,6 +59,10 @@ class PageStore(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an entry (a bad one); absent is fine."""
+
 
 class FileStore(PageStore):
     """``--hicache-storage-backend file``: one file per page under a directory (``--hicache-storage-dir``) that
@@ -103,6 +107,12 @@ class FileStore(PageStore):
             return self._path(key).is_file()
         except OSError as e:
             raise StoreError(f"looking up {key}: {e}") from e
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as e:
+            raise StoreError(f"deleting {key}: {e}") from e
 
 
 def model_fingerprint(config: Path, weights: Sequence[Path]) -> str:

@@ -9,7 +9,10 @@ load-back / lock / unlock / evict, checked after every step:
   in full (L1 + L2), whatever L1 evicted; with a small one, what is matched is still right."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 import zlib
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -22,6 +25,7 @@ from engine.mem.hicache import HostTier
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
+from engine.mem.storage import FileStore
 
 PAGE = 2
 DEVICE_PAGES = 7  # 6 usable: inserts of up to 4 pages force evictions all the time
@@ -37,15 +41,19 @@ def value(ns: str | None, prefix: tuple[int, ...]) -> float:
 class HiCacheAgainstReference(RuleBasedStateMachine):
     policy = "write_back"
     host_pages = 200
+    with_store = False
 
     def __init__(self) -> None:
         super().__init__()
+        self.store_dir = Path(tempfile.mkdtemp(prefix="hicache-ref-")) if self.with_store else None
         shape = KVShape(num_layers=2, num_pages=DEVICE_PAGES, page_size=PAGE, num_kv_heads=1, head_dim=2,
                         dtype=torch.float32)
         self.kv = KVPool(shape, torch.device("cpu"))
         self.device = PageAllocator(DEVICE_PAGES)
         self.host = HostPool(shape, self.host_pages, torch.device("cpu"))
-        self.tier = HostTier(self.host, self.kv, self.device, self.policy, write_threshold=2)
+        store = FileStore(self.store_dir) if self.store_dir else None
+        self.tier = HostTier(self.host, self.kv, self.device, self.policy, write_threshold=2, store=store,
+                             namespace=b"reference")
         self.cache = RadixCache(PAGE, self.device.free, "lru", self.tier)
         self.inserted: set[tuple[str | None, tuple[int, ...]]] = set()
         self.locks: list[tuple[MatchResult, str | None, tuple[int, ...]]] = []
@@ -111,6 +119,10 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
         evictable = self.cache.evictable_size
         assert self.cache.evict(n) >= min(n, evictable)
 
+    def teardown(self) -> None:
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
     @invariant()
     def tiers_hold_the_right_kv(self) -> None:
         self.cache.check_invariants()
@@ -145,6 +157,14 @@ class WriteThroughTight(HiCacheAgainstReference):
     host_pages = 5
 
 
+class WriteThroughTightWithStore(WriteThroughTight):
+    with_store = True  # what L2 drops comes back from the store, into whatever L1 has room for
+
+
+class WriteBackTightWithStore(WriteBackTight):
+    with_store = True
+
+
 _SETTINGS = settings(max_examples=60, stateful_step_count=40, derandomize=True, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 TestWriteBackRoomy = HiCacheAgainstReference.TestCase
@@ -152,6 +172,58 @@ TestWriteThroughRoomy = WriteThroughRoomy.TestCase
 TestSelectiveRoomy = SelectiveRoomy.TestCase
 TestWriteBackTight = WriteBackTight.TestCase
 TestWriteThroughTight = WriteThroughTight.TestCase
+TestWriteThroughTightWithStore = WriteThroughTightWithStore.TestCase
+TestWriteBackTightWithStore = WriteBackTightWithStore.TestCase
 for _case in (TestWriteBackRoomy, TestWriteThroughRoomy, TestSelectiveRoomy, TestWriteBackTight,
-              TestWriteThroughTight):
+              TestWriteThroughTight, TestWriteThroughTightWithStore, TestWriteBackTightWithStore):
     _case.settings = _SETTINGS
+
+
+def _tree(policy: str) -> tuple[RadixCache, PageAllocator, HostPool]:
+    shape = KVShape(num_layers=1, num_pages=DEVICE_PAGES, page_size=PAGE, num_kv_heads=1, head_dim=2,
+                    dtype=torch.float32)
+    kv, device = KVPool(shape, torch.device("cpu")), PageAllocator(DEVICE_PAGES)
+    host = HostPool(shape, 20, torch.device("cpu"))
+    return RadixCache(PAGE, device.free, "lru", HostTier(host, kv, device, policy, write_threshold=2)), device, host
+
+
+def test_each_write_policy_copies_to_the_host_tier_when_it_says() -> None:
+    key = (1, 2, 3, 4)
+    for policy, after_insert, after_second_hit in (("write_through", 2, 2), ("write_back", 0, 0),
+                                                  ("write_through_selective", 0, 2)):
+        cache, device, host = _tree(policy)
+        cache.insert(key, device.alloc(2))
+        assert host.allocator.used == after_insert, policy
+        cache.insert(key, device.alloc(2))  # a second hit (the caller frees its duplicate pages)
+        assert host.allocator.used == after_second_hit, policy
+        cache.evict(4)  # evicted from the pool: every policy has it in the host tier now
+        assert host.allocator.used == 2 and cache.match_prefix(key).host_tokens == 4, policy
+
+
+def test_a_store_hit_loads_only_what_the_pool_has_room_for(tmp_path: Path) -> None:
+    shape = KVShape(num_layers=1, num_pages=DEVICE_PAGES, page_size=PAGE, num_kv_heads=1, head_dim=2,
+                    dtype=torch.float32)
+    key = (1, 2, 3, 4, 5, 6, 7, 8)
+
+    def tree() -> tuple[RadixCache, PageAllocator, KVPool]:
+        kv, device = KVPool(shape, torch.device("cpu")), PageAllocator(DEVICE_PAGES)
+        tier = HostTier(HostPool(shape, 20, torch.device("cpu")), kv, device, "write_through",
+                        store=FileStore(tmp_path), namespace=b"t")
+        return RadixCache(PAGE, device.free, "lru", tier), device, kv
+
+    writer, device, kv = tree()
+    pages = device.alloc(4)
+    for k, page in enumerate(pages):
+        kv.data[:, :, page * PAGE:(page + 1) * PAGE] = value(None, key[: (k + 1) * PAGE])
+    writer.insert(key, pages)  # write_through: in L2 and in the store
+    for free in (2, 0):
+        reader, device, kv = tree()
+        held = device.alloc(device.available - free)  # someone else holds the rest of the pool
+        match = reader.match_prefix(key + (9,))
+        assert match.host_tokens == 8 and match.num_tokens == 0
+        loaded = reader.load_back(match)
+        assert loaded.num_tokens == free * PAGE
+        reader.check_invariants()
+        device.check_integrity([reader.owned_pages(), held])
+        for k, page in enumerate(loaded.pages):
+            assert torch.all(kv.data[:, :, page * PAGE:(page + 1) * PAGE] == value(None, key[: (k + 1) * PAGE]))
