@@ -118,7 +118,7 @@ class AsyncEngine:
             if self._stopping and not core.has_work:
                 self._step_started = None
                 self._deliver(outputs)
-                core.role.close()
+                core.close()
                 return
             self._deliver(outputs)  # what the commands produced (adds refused, aborts) goes out before the step
             outputs = []

@@ -8,7 +8,7 @@ EVICTION_POLICIES = ("lru", "lfu", "priority")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PREPACK_MODES = ("auto", "on", "off")
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
-HICACHE_STORAGE_BACKENDS = ("none", "file")
+HICACHE_STORAGE_BACKENDS = ("none", "file", "mooncake")
 API_KEY_ENV = "SPLITSERVE_API_KEY"  # a worker's --api-key, when not given on the command line
 
 
@@ -75,17 +75,24 @@ class CacheConfig:
     hicache_write_threshold: int = field(default=2, metadata={
         "help": "hits (matches or inserts) before write_through_selective copies a prefix to the host tier"})
     hicache_storage_backend: str = field(default="none", metadata={
-        "help": "HiCache's shared tier (L3) under the host tier: file = one file per page under "
-                "--hicache-storage-dir, shared by every worker pointed at it (same model and KV layout)",
-        "choices": HICACHE_STORAGE_BACKENDS})
+        "help": "HiCache's shared tier (L3) under the host tier, shared by every worker of the same model and KV "
+                "layout: file = one file per page under --hicache-storage-dir; mooncake = a Mooncake Store "
+                "cluster (--hicache-storage-backend-extra-config)", "choices": HICACHE_STORAGE_BACKENDS})
     hicache_storage_dir: str | None = field(default=None, metadata={
         "help": "the file backend's directory (default: hicache/ in the splitserve cache folder)"})
+    hicache_storage_backend_extra_config: str | None = field(default=None, metadata={
+        "help": 'the mooncake backend\'s settings as JSON, e.g. {"master_server_address": "HOST:50051", '
+                '"global_segment_size": "4gb"} (keys: docs/api.md)'})
+    hicache_storage_timeout: float = field(default=2.0, metadata={
+        "help": "deadline in seconds of one store operation; past it the request recomputes and the store is "
+                "skipped for 2.5 deadlines (at least 1 s)"})
 
     def check(self) -> None:
         d = CacheConfig()
         if not self.enable_hierarchical_cache:
             for name in ("hicache_ratio", "hicache_size", "hicache_write_policy", "hicache_write_threshold",
-                         "hicache_storage_backend", "hicache_storage_dir"):
+                         "hicache_storage_backend", "hicache_storage_dir", "hicache_storage_backend_extra_config",
+                         "hicache_storage_timeout"):
                 if getattr(self, name) != getattr(d, name):
                     raise EngineConfigError(f"--{name.replace('_', '-')} needs --enable-hierarchical-cache")
             return
@@ -100,6 +107,15 @@ class CacheConfig:
             raise EngineConfigError("--hicache-write-threshold must be at least 1")
         if self.hicache_storage_dir is not None and self.hicache_storage_backend != "file":
             raise EngineConfigError("--hicache-storage-dir needs --hicache-storage-backend file")
+        mooncake = self.hicache_storage_backend == "mooncake"
+        if mooncake != (self.hicache_storage_backend_extra_config is not None):
+            raise EngineConfigError("--hicache-storage-backend mooncake needs --hicache-storage-backend-extra-config"
+                                    if mooncake else "--hicache-storage-backend-extra-config needs "
+                                    "--hicache-storage-backend mooncake")
+        if self.hicache_storage_timeout <= 0:
+            raise EngineConfigError("--hicache-storage-timeout must be positive")
+        if self.hicache_storage_timeout != d.hicache_storage_timeout and self.hicache_storage_backend == "none":
+            raise EngineConfigError("--hicache-storage-timeout needs --hicache-storage-backend")
         selective = self.hicache_write_policy == "write_through_selective"
         if not selective and self.hicache_write_threshold != d.hicache_write_threshold:
             raise EngineConfigError("--hicache-write-threshold applies to --hicache-write-policy "

@@ -120,7 +120,7 @@ class EngineCore:
                            kv_buffer(self.kv_shape.total_bytes) if kv_buffer is not None else None)
         self.allocator = PageAllocator(num_pages)
         self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device, self.model_dir / "config.json",
-                                     weight_files(self.source.folder, self.source.gguf), str(self.dtype))
+                                     lambda: weight_files(self.source.folder, self.source.gguf), str(self.dtype))
         self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
                                    RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy,
                                               self.hicache))
@@ -411,6 +411,12 @@ class EngineCore:
             self.scheduler.release_held(req, keep=keep)
 
     # -- cache control and introspection -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what outlives a step: the role's transfer resources, the shared store's connection."""
+        self.role.close()
+        if self.hicache is not None and self.hicache.store is not None:
+            self.hicache.store.close()
+
     def flush_cache(self) -> int:
         return self.cache.flush()
 

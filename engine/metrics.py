@@ -78,6 +78,9 @@ class EngineMetrics:
                   lambda: tier.host.allocator.used)
             gauge("splitserve_hicache_host_pages_total", "HiCache host-tier pages",
                   lambda: tier.host.allocator.capacity)
+            if tier.store is not None:
+                gauge("splitserve_hicache_store_up", "1 while HiCache's shared store answers, 0 while it is "
+                      "connecting or skipped after a failure", lambda: float(tier.store_state() == "up"))
             r.register(_HiCacheCounters(tier, role))
             self.hicache_load = Histogram("splitserve_hicache_load_seconds", "Time to copy one request's prefix "
                                           "from the host tier into the KV pool", lbl, buckets=_LATENCY_BUCKETS,
@@ -156,7 +159,8 @@ class _HiCacheCounters:
                  s.store_loaded_tokens),
                 ("splitserve_hicache_store_misses", "Store entries missing or corrupt when read (recomputed)",
                  s.store_misses),
-                ("splitserve_hicache_store_failures", "Store operations that failed (logged; requests go on)",
+                ("splitserve_hicache_store_failures", "Store operations that failed or missed their deadline "
+                 "(logged; requests go on)",
                  s.store_failures)):
             family = CounterMetricFamily(name, doc, labels=["role"])
             family.add_metric([self.role], value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,9 +17,13 @@ from engine.mem.allocator import PageAllocator
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool
 from engine.tiny_model import default_cache_dir
-from engine.mem.storage import FileStore, PageStore, StoreError, chain_keys, model_fingerprint, seal, unseal
+from engine.mem.mooncake_store import MooncakeConfigError, MooncakeStore, MooncakeStoreOptions
+from engine.mem.storage import (FileStore, PageStore, StoreError, StoreUnreachable, chain_keys, model_fingerprint,
+                                 seal, unseal)
+from engine.mem.store_guard import GuardedStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
+BATCH = 16  # store pages per call: one round trip, and a bounded size under one deadline
 
 
 @dataclass
@@ -50,6 +54,7 @@ class HostTier:
         self.store = store
         self.namespace = namespace  # model identity and KV layout: L3 keys of another model never match
         self.stats = HiCacheStats()
+        self._bad: set[str] = set()  # store keys found missing or corrupt since: rewrite them
         self._loading_since: float | None = None
 
     # -- what the tree asks ------------------------------------------------------------------------------------
@@ -97,33 +102,39 @@ class HostTier:
         return chain_keys(ns, tokens, self.host.shape.page_size)
 
     def _failed(self, op: str, e: StoreError) -> None:
+        if isinstance(e, StoreUnavailable):  # not attempted: the guard logged why, once
+            return
         self.stats.store_failures += 1
         log.warning("hicache store %s failed, going on without it: %s", op, e)
 
     def stored_run(self, extra_key: str | None, tokens: Sequence[int], first_page: int) -> list[str]:
         """Keys of the pages of ``tokens`` from ``first_page`` on that the store holds, up to the first it lacks."""
         assert self.store is not None
-        run = []
-        for key in self._keys(extra_key, tokens)[first_page:]:
-            try:
-                if not self.store.exists(key):
-                    break
-            except StoreError as e:
-                self._failed("lookup", e)
-                break
-            run.append(key)
-        return run
+        keys = self._keys(extra_key, tokens)[first_page:]
+        if not keys:
+            return []
+        try:
+            present = self.store.exists(keys)
+        except StoreError as e:
+            self._failed("lookup", e)
+            return []
+        n = present.index(False) if False in present else len(keys)
+        return keys[:n]
 
     def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int]) -> bool:
         """Store the last ``len(device_pages)`` pages of ``prefix`` (whose KV they hold); False on a failure."""
         assert self.store is not None
-        ps = self.host.shape.page_size
         keys = self._keys(extra_key, prefix)[-len(device_pages):]
         try:
-            for key, page in zip(keys, device_pages):
-                if not self.store.exists(key):  # content-addressed: an entry there already is this one
-                    self.store.put(key, seal(self._page_bytes(page)))
-                    self.stats.stored_tokens += ps
+            present = self.store.exists(keys)
+            # content-addressed: an entry there already is this one, unless it was found bad (then replace it)
+            todo = [(k, p) for k, p, there in zip(keys, device_pages, present) if not there or k in self._bad]
+            for start in range(0, len(todo), BATCH):
+                batch = todo[start:start + BATCH]
+                self.store.put([(k, seal(self._page_bytes(p))) for k, p in batch],
+                               overwrite=any(k in self._bad for k, _ in batch))
+                self.stats.stored_tokens += len(batch) * self.host.shape.page_size
+                self._bad.difference_update(k for k, _ in batch)
         except StoreError as e:
             self._failed("write", e)
             return False
@@ -135,21 +146,34 @@ class HostTier:
         assert self.store is not None
         if self._loading_since is None:
             self._loading_since = time.perf_counter()
-        size = len(self._page_bytes(0))
-        for n, (key, page) in enumerate(zip(keys, device_pages)):
+        size, n = len(self._page_bytes(0)), 0
+        todo = list(zip(keys, device_pages))
+        for start in range(0, len(todo), BATCH):
+            batch = todo[start:start + BATCH]
             try:
-                data = unseal(self.store.get(key), size)
-                if data is None:  # missing, short or corrupt: drop it, so the recomputed page replaces it
-                    self.stats.store_misses += 1
-                    log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
-                    self.store.delete(key)
-                    return n
+                entries = self.store.get([k for k, _ in batch])
             except StoreError as e:
                 self._failed("read", e)
                 return n
-            self._set_page(page, data)
-            self.stats.store_loaded_tokens += self.host.shape.page_size
-        return min(len(keys), len(device_pages))
+            for (key, page), entry in zip(batch, entries):
+                data = unseal(entry, size)
+                if data is None:  # missing, short or corrupt: replace it with the recomputed page
+                    self.stats.store_misses += 1
+                    log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
+                    self._forget(key)
+                    return n
+                self._set_page(page, data)
+                self.stats.store_loaded_tokens += self.host.shape.page_size
+                n += 1
+        return n
+
+    def _forget(self, key: str) -> None:
+        if len(self._bad) < 65536:
+            self._bad.add(key)  # the next write of this page overwrites whatever is there
+        try:
+            self.store.delete([key])
+        except StoreError as e:
+            self._failed("delete", e)
 
     def _page_view(self, page: int):  # noqa: ANN202 - a tensor view
         ps = self.host.shape.page_size
@@ -166,20 +190,56 @@ class HostTier:
     def check_integrity(self, owned: Sequence[int]) -> None:
         self.host.allocator.check_integrity([owned])
 
+    def store_state(self) -> str:
+        """connecting, up or down (a guarded store); up for an unguarded one (tests hand the tier a bare store)."""
+        return getattr(self.store, "state", "up")
+
     def describe(self) -> dict[str, int | str]:
         s = self.stats
         return {"write_policy": self.write_policy, "host_pages_total": self.host.allocator.capacity,
                 "host_pages_used": self.host.allocator.used, "loaded_tokens": s.loaded_tokens,
                 "loaded_bytes": s.loaded_bytes, "written_tokens": s.written_tokens,
-                "written_bytes": s.written_bytes, "storage_backend": "file" if self.store is not None else None,
+                "written_bytes": s.written_bytes,
+                "storage_backend": None if self.store is None else self.store.name,
+                "store_state": None if self.store is None else self.store_state(),
                 "stored_tokens": s.stored_tokens, "store_loaded_tokens": s.store_loaded_tokens,
                 "store_misses": s.store_misses, "store_failures": s.store_failures}
 
 
+def open_store(cfg: CacheConfig) -> PageStore | None:
+    """The shared tier ``cfg`` names, behind a per-operation deadline; a malformed setting is a start-up error
+    naming its flag, an unreachable store is not (the worker recomputes until it answers)."""
+    if cfg.hicache_storage_backend == "none":
+        return None
+    if cfg.hicache_storage_backend == "file":
+        root = Path(cfg.hicache_storage_dir or default_cache_dir() / "hicache")
+        try:
+            FileStore(root)
+        except StoreError as e:
+            raise EngineConfigError(f"--hicache-storage-dir: {e}") from e
+        connect = lambda: FileStore(root)  # noqa: E731
+    else:
+        try:
+            opts = MooncakeStoreOptions.parse(cfg.hicache_storage_backend_extra_config)
+        except MooncakeConfigError as e:
+            raise EngineConfigError(f"--hicache-storage-backend-extra-config {e}") from e
+        connect = lambda: MooncakeStore(opts, cfg.hicache_storage_timeout)  # noqa: E731
+    store = GuardedStore(cfg.hicache_storage_backend, connect, cfg.hicache_storage_timeout,
+                         retry_after=max(1.0, 2.5 * cfg.hicache_storage_timeout))
+    if not store.wait_connected(cfg.hicache_storage_timeout):
+        if store.connect_error is not None and not isinstance(store.connect_error, StoreUnreachable):
+            store.close()  # the store answered and refused these settings: retrying will not help
+            raise EngineConfigError(f"--hicache-storage-backend-extra-config: {store.connect_error}")
+        log.warning("hicache %s store not reachable at start-up: serving without it until it answers",
+                    cfg.hicache_storage_backend)
+    return store
+
+
 def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, device: torch.device,
-                  config: Path | None = None, weights: Sequence[Path] = (), weight_dtype: str = "") -> HostTier | None:
+                  config: Path | None = None, weights: Callable[[], Sequence[Path]] = tuple,
+                  weight_dtype: str = "") -> HostTier | None:
     """The host tier ``cfg`` asks for (--hicache-size GB, or --hicache-ratio times the device pool), or None;
-    with a store, its keys are namespaced by the checkpoint (``config``, ``weights``), the dtype the weights
+    with a store, its keys are namespaced by the checkpoint (``config``, ``weights()``), the dtype the weights
     run in (which changes the KV computed) and the KV layout."""
     if not cfg.enable_hierarchical_cache:
         return None
@@ -188,13 +248,8 @@ def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, d
              int(device_pages.capacity * cfg.hicache_ratio))
     if pages < 1:
         raise EngineConfigError(f"--hicache-size {cfg.hicache_size} GB holds no page ({page_bytes} bytes each)")
-    store, model_id = None, ""
-    if cfg.hicache_storage_backend == "file":
-        try:
-            store = FileStore(Path(cfg.hicache_storage_dir or default_cache_dir() / "hicache"))
-        except StoreError as e:
-            raise EngineConfigError(f"--hicache-storage-dir: {e}") from e
-        model_id = model_fingerprint(config or Path("config.json"), weights)
+    store = open_store(cfg)
+    model_id = "" if store is None else model_fingerprint(config or Path("config.json"), weights())
     s = pool.shape
     layout = f"{model_id}|{weight_dtype}|{s.num_layers}x{s.num_kv_heads}x{s.head_dim}|{s.dtype}|page{s.page_size}"
     return HostTier(HostPool(pool.shape, pages + 1, device), pool, device_pages, cfg.hicache_write_policy,

@@ -47,27 +47,40 @@ class StoreError(Exception):
     """The store could not do what was asked (unreachable, full, too slow)."""
 
 
+class StoreUnreachable(StoreError):
+    """The store cannot be reached at all: stop asking it for a while (engine/mem/store_guard.py)."""
+
+
 class PageStore(ABC):
-    """Bytes by key. Implementations raise StoreError for failures; a key that is simply absent is not one."""
+    """Bytes by key, a batch of keys per call (one round trip for a network store). Implementations raise
+    StoreError for failures; a key that is simply absent is not one."""
+
+    name = "store"
 
     @abstractmethod
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
     @abstractmethod
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:
+        """Store each entry; ``overwrite`` replaces one already there (a bad entry), else it may be kept."""
 
     @abstractmethod
-    def exists(self, key: str) -> bool: ...
+    def exists(self, keys: Sequence[str]) -> list[bool]: ...
 
     @abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove an entry (a bad one); absent is fine."""
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove entries (bad ones); absent is fine."""
+
+    def close(self) -> None:
+        """Release connections and memory given to the store; a no-op by default."""
 
 
 class FileStore(PageStore):
     """``--hicache-storage-backend file``: one file per page under a directory (``--hicache-storage-dir``) that
     workers on one host, or on a shared file system, point at. Writes go to a temporary file and are renamed
     into place, so a reader sees a whole entry or none."""
+
+    name = "file"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -79,40 +92,45 @@ class FileStore(PageStore):
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get(self, key: str) -> bytes | None:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise StoreError(f"reading {key}: {e}") from e
-
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        try:
-            path.parent.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key in keys:
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError as e:
-            raise StoreError(f"writing {key}: {e}") from e
+                out.append(self._path(key).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+            except OSError as e:
+                raise StoreError(f"reading {key}: {e}") from e
+        return out
 
-    def exists(self, key: str) -> bool:
-        try:
-            return self._path(key).is_file()
-        except OSError as e:
-            raise StoreError(f"looking up {key}: {e}") from e
+    def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:
+        for key, data in items:  # a rename replaces an entry already there: ``overwrite`` is what it does anyway
+            path = self._path(key)
+            try:
+                path.parent.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, path)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+            except OSError as e:
+                raise StoreError(f"writing {key}: {e}") from e
 
-    def delete(self, key: str) -> None:
+    def exists(self, keys: Sequence[str]) -> list[bool]:
         try:
-            self._path(key).unlink(missing_ok=True)
+            return [self._path(key).is_file() for key in keys]
         except OSError as e:
-            raise StoreError(f"deleting {key}: {e}") from e
+            raise StoreError(f"looking up {keys[0]}...: {e}") from e
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            try:
+                self._path(key).unlink(missing_ok=True)
+            except OSError as e:
+                raise StoreError(f"deleting {key}: {e}") from e
 
 
 def model_fingerprint(config: Path, weights: Sequence[Path]) -> str:

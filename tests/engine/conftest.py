@@ -1,6 +1,7 @@
 """Fixtures for engine tests: the built-in tiny model, cores sized for tests, and a shared colocated server."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from engine.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.role import EngineRole
+from engine.sampling_params import SamplingParams
 from engine.spec import Drafter
 from engine.tiny_model import ensure_tiny_model
 from tests.helpers import ServerProcess
@@ -26,20 +28,32 @@ def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 81
               speculative: SpeculativeConfig = SpeculativeConfig(), drafter: Drafter | None = None,
               hicache: CacheConfig | None = None) -> EngineCore:
     """``hicache``: a CacheConfig whose HiCache fields are used (the pool's come from the arguments)."""
-    h = hicache or CacheConfig()
     return EngineCore(EngineConfig(
         ModelConfig(model_path=str(model_dir), dtype=dtype),
-        CacheConfig(page_size=page_size, max_total_tokens=max_total_tokens,
-                    disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction,
-                    enable_hierarchical_cache=h.enable_hierarchical_cache, hicache_ratio=h.hicache_ratio,
-                    hicache_size=h.hicache_size, hicache_write_policy=h.hicache_write_policy,
-                    hicache_write_threshold=h.hicache_write_threshold,
-                    hicache_storage_backend=h.hicache_storage_backend, hicache_storage_dir=h.hicache_storage_dir),
+        dataclasses.replace(hicache or CacheConfig(), page_size=page_size, max_total_tokens=max_total_tokens,
+                            disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,
                         max_running_requests=max_running, schedule_policy=policy,
                         stall_timeout_secs=stall_timeout),
         GrammarConfig(jump_forward=jump_forward), speculative),
         role=None if role is None else lambda _core: role, drafter=drafter)
+
+
+def run_each(core: EngineCore, ids_list: list[list[int]], extra_key: str | None = None,
+             max_new_tokens: int = 6) -> tuple[list[list[int]], list[int]]:
+    """Greedy outputs and cached-token counts of each prompt run alone, then the integrity check and a cache
+    flush after which the pool must be idle."""
+    outs, cached = [], []
+    for ids in ids_list:
+        req = core.make_request(ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0,
+                                                    ignore_eos=True), detokenize=False, extra_key=extra_key)
+        core.run_to_completion([req])
+        outs.append(req.output_ids)
+        cached.append(req.cached_tokens)
+    core.check_integrity()
+    core.flush_cache()
+    assert core.allocator.available == core.allocator.capacity
+    return outs, cached
 
 
 @pytest.fixture(scope="session")

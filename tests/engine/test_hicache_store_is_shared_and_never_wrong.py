@@ -12,8 +12,7 @@ import pytest
 
 from engine.config import CacheConfig, EngineConfigError
 from engine.mem.storage import chain_keys, model_fingerprint, seal, unseal
-from engine.sampling_params import SamplingParams
-from tests.engine.conftest import make_core
+from tests.engine.conftest import make_core, run_each as run
 
 SYSTEM, TENANTS = 64, 3
 
@@ -22,19 +21,6 @@ def prompts() -> list[list[int]]:
     rng = random.Random(4)
     return [[rng.randrange(10, 4000) for _ in range(SYSTEM + 6)] for _ in range(TENANTS)]
 
-
-def run(core, ids_list: list[list[int]], extra_key: str | None = None) -> tuple[list[list[int]], list[int]]:  # noqa: ANN001
-    outs, cached = [], []
-    for ids in ids_list:
-        req = core.make_request(ids, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True),
-                                detokenize=False, extra_key=extra_key)
-        core.run_to_completion([req])
-        outs.append(req.output_ids)
-        cached.append(req.cached_tokens)
-    core.check_integrity()
-    core.flush_cache()
-    assert core.allocator.available == core.allocator.capacity
-    return outs, cached
 
 
 def stored(tmp_path: Path) -> CacheConfig:
