@@ -2,9 +2,10 @@
 short distinct questions, asked round-robin for ``--rounds`` rounds, so each tenant's prompt recurs only after
 the device pool (sized for ``--l1-tenants`` tenants) has cycled. Same run, one server per configuration, the
 requests alternating between them one at a time (no two servers compute at once): the radix cache alone (L1),
-L1 + a host tier (L2) holding every tenant, under write_through and write_back, and L1 + L2 + the file store
-(L3). Then a second worker: a fresh server on the same store directory asks every tenant once more (a new
-question), so its prefixes come only from what the first worker stored; its TTFT is compared with the cold
+L1 + a host tier (L2) holding every tenant, under write_through and write_back, and L1 + L2 + a shared store
+(L3: the file store, and a Mooncake Store with its master started here). Then, per store, a second worker: a
+fresh server on the same store asks every tenant once more (a new question), so its prefixes come only from
+what the first worker stored; its TTFT is compared with the cold
 TTFT of the first round (the prefix computed).
 
 Reported per configuration: TTFT p50/p99 of the recurring rounds (streamed /v1/completions, time to the first
@@ -28,6 +29,7 @@ from typing import Any
 import httpx
 
 from benchmarks.common import Process, machine, metric_total, model_dir, table, write_json
+from deploy.mooncake_master import MooncakeMaster
 
 QUESTION, OUTPUT = 16, 8
 
@@ -77,6 +79,10 @@ def main() -> None:
     l3 = ["--enable-hierarchical-cache", "--hicache-ratio", f"{ratio:.2f}", "--hicache-storage-backend", "file",
           "--hicache-storage-dir", str(store)]
     configs["L1+L2+L3 file"] = l3
+    master = MooncakeMaster().start()
+    l3m = ["--enable-hierarchical-cache", "--hicache-ratio", f"{ratio:.2f}", "--hicache-storage-backend", "mooncake",
+           "--hicache-storage-backend-extra-config", master.extra_config(global_segment_size="8gb")]
+    configs["L1+L2+L3 mooncake"] = l3m
     rng = random.Random(0)
     systems = [[rng.randrange(100, 49000) for _ in range(args.system_tokens)] for _ in range(args.tenants)]
     requests = [(r, s + [rng.randrange(100, 49000) for _ in range(QUESTION)])
@@ -102,24 +108,27 @@ def main() -> None:
             from_store = metric_total(srv.url, "splitserve_hicache_store_loaded_tokens_total")
             rows.append({"config": name, "ttft_p50_s": statistics.median(raw[name]["ttft"]),
                          "ttft_p99_s": pct(raw[name]["ttft"], 0.99),
+                         "first_round_ttft_p50_s": statistics.median(raw[name]["cold"]),
                          "req_per_s": len(requests) / raw[name]["busy_s"],
                          "prompt_tokens_computed": prompt - cached,
                          "device_hit_tokens": cached - host - from_store, "host_hit_tokens": host,
                          "store_hit_tokens": from_store})
-        second = Process("engine", [*common, *l3])  # another worker on the same store
-        servers["second worker, L3 only"] = second
-        second.wait_ready("/health")
-        with httpx.Client(base_url=second.url, timeout=600) as client:
-            again = [ttft(client, model, s + [rng.randrange(100, 49000) for _ in range(QUESTION)]) for s in systems]
-        loaded = metric_total(second.url, "splitserve_hicache_store_loaded_tokens_total")
         cold = statistics.median(raw["L1 (radix cache)"]["cold"])
-        rows.append({"config": "second worker, L3 only", "ttft_p50_s": statistics.median(again),
-                     "ttft_p99_s": pct(again, 0.99), "store_hit_tokens": loaded,
-                     "ttft_p50_vs_cold": statistics.median(again) / cold})
-        raw["second worker"] = {"ttft": again}
+        for backend, flags in (("file", l3), ("mooncake", l3m)):  # another worker on the same store
+            name = f"second worker, L3 {backend} only"
+            servers[name] = second = Process("engine", [*common, *flags])
+            second.wait_ready("/health")
+            with httpx.Client(base_url=second.url, timeout=600) as client:
+                again = [ttft(client, model, s + [rng.randrange(100, 49000) for _ in range(QUESTION)])
+                         for s in systems]
+            loaded = metric_total(second.url, "splitserve_hicache_store_loaded_tokens_total")
+            rows.append({"config": name, "ttft_p50_s": statistics.median(again), "ttft_p99_s": pct(again, 0.99),
+                         "store_hit_tokens": loaded, "ttft_p50_vs_cold": statistics.median(again) / cold})
+            raw[name] = {"ttft": again}
     finally:
         for srv in servers.values():
             srv.stop()
+        master.kill()
         shutil.rmtree(store, ignore_errors=True)
     for row in rows:
         row.setdefault("ttft_p50_vs_cold", row["ttft_p50_s"] / statistics.median(raw["L1 (radix cache)"]["cold"]))
@@ -129,7 +138,8 @@ def main() -> None:
         row["throughput_vs_L1"] = row["req_per_s"] / base["req_per_s"]
     print(f"{args.tenants} tenants x {args.system_tokens}-token system prompts, {args.rounds} rounds; device pool "
           f"{l1_tokens} tokens ({args.l1_tenants} tenants), host tier {ratio:.2f}x that")
-    print(table(rows, ["config", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_L1", "ttft_p50_vs_cold", "req_per_s",
+    print(table(rows, ["config", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_L1", "ttft_p50_vs_cold",
+                       "first_round_ttft_p50_s", "req_per_s",
                        "throughput_vs_L1", "prompt_tokens_computed", "device_hit_tokens", "host_hit_tokens",
                        "store_hit_tokens"]))
     write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out)}, "results": rows,

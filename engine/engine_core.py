@@ -414,8 +414,8 @@ class EngineCore:
     def close(self) -> None:
         """Release what outlives a step: the role's transfer resources, the shared store's connection."""
         self.role.close()
-        if self.hicache is not None and self.hicache.store is not None:
-            self.hicache.store.close()
+        if self.hicache is not None:
+            self.hicache.close()
 
     def flush_cache(self) -> int:
         return self.cache.flush()

@@ -145,23 +145,19 @@ class _HiCacheCounters:
         self.tier, self.role = tier, role
 
     def collect(self) -> Iterator[Metric]:
-        s = self.tier.stats
-        for name, doc, value in (
-                ("splitserve_hicache_loaded_tokens", "Prompt tokens whose KV came from the host tier (host hits)",
-                 s.loaded_tokens),
-                ("splitserve_hicache_loaded_bytes", "Bytes copied from the host tier into the KV pool", s.loaded_bytes),
-                ("splitserve_hicache_written_tokens", "Tokens whose KV was copied to the host tier", s.written_tokens),
-                ("splitserve_hicache_written_bytes", "Bytes copied from the KV pool to the host tier",
-                 s.written_bytes),
-                ("splitserve_hicache_stored_tokens", "Tokens whose KV was written to the shared store (L3)",
-                 s.stored_tokens),
-                ("splitserve_hicache_store_loaded_tokens", "Prompt tokens whose KV came from the shared store",
-                 s.store_loaded_tokens),
-                ("splitserve_hicache_store_misses", "Store entries missing or corrupt when read (recomputed)",
-                 s.store_misses),
-                ("splitserve_hicache_store_failures", "Store operations that failed or missed their deadline "
-                 "(logged; requests go on)",
-                 s.store_failures)):
+        c = self.tier.counters()
+        for name, doc in (
+                ("loaded_tokens", "Prompt tokens whose KV came from the host tier (host hits)"),
+                ("loaded_bytes", "Bytes copied from the host tier into the KV pool"),
+                ("written_tokens", "Tokens whose KV was copied to the host tier"),
+                ("written_bytes", "Bytes copied from the KV pool to the host tier"),
+                ("stored_tokens", "Tokens whose KV was written to the shared store (L3)"),
+                ("store_loaded_tokens", "Prompt tokens whose KV came from the shared store"),
+                ("store_misses", "Store entries missing or corrupt when read (recomputed)"),
+                ("store_failures", "Store operations that failed or missed their deadline (logged; requests go on)"),
+                ("store_writes_dropped", "Store writes not made: the store was down or too far behind")):
+            value = c[name]
+            name = f"splitserve_hicache_{name}"
             family = CounterMetricFamily(name, doc, labels=["role"])
             family.add_metric([self.role], value)
             yield family

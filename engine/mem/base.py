@@ -35,6 +35,10 @@ class PrefixCache(ABC):
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
         """Longest cached page-aligned prefix of ``key``."""
 
+    def cached_length(self, key: Sequence[int], extra_key: str | None = None) -> int:
+        """Tokens of ``key``'s longest cached prefix, without side effects (for ranking a queue)."""
+        return 0
+
     def load_back(self, match: MatchResult) -> MatchResult:
         """Copy the part of ``match`` that lives in lower tiers into the device pool (as far as it has room);
         returns the longer match. Caches without tiers have nothing to load."""

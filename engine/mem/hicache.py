@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +19,9 @@ from engine.mem.kv_pool import KVPool
 from engine.tiny_model import default_cache_dir
 from engine.mem.mooncake_store import MooncakeConfigError, MooncakeStore, MooncakeStoreOptions
 from engine.mem.storage import (FileStore, PageStore, StoreError, StoreUnreachable, chain_keys, model_fingerprint,
-                                 seal, unseal)
+                                 unseal)
 from engine.mem.store_guard import GuardedStore, StoreUnavailable
+from engine.mem.store_writer import StoreWriter
 
 log = logging.getLogger(__name__)
 BATCH = 16  # store pages per call: one round trip, and a bounded size under one deadline
@@ -34,7 +35,6 @@ class HiCacheStats:
     loaded_bytes: int = 0
     written_tokens: int = 0  # tokens copied L1 -> L2
     written_bytes: int = 0
-    stored_tokens: int = 0  # tokens written to the shared store (L3)
     store_loaded_tokens: int = 0  # tokens copied L3 -> L1 (prefix hits served from the store)
     store_misses: int = 0  # entries found missing, short or corrupt when read (recomputed instead)
     store_failures: int = 0  # store operations that failed (unreachable, full, too slow)
@@ -54,7 +54,9 @@ class HostTier:
         self.store = store
         self.namespace = namespace  # model identity and KV layout: L3 keys of another model never match
         self.stats = HiCacheStats()
+        self._key_memo: OrderedDict[tuple[str | None, tuple[int, ...]], list[str]] = OrderedDict()
         self._bad: set[str] = set()  # store keys found missing or corrupt since: rewrite them
+        self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
         self._loading_since: float | None = None
 
     # -- what the tree asks ------------------------------------------------------------------------------------
@@ -98,8 +100,15 @@ class HostTier:
 
     # -- the shared store (L3) -------------------------------------------------------------------------------
     def _keys(self, extra_key: str | None, tokens: Sequence[int]) -> list[str]:
-        ns = self.namespace + b"\0" + (b"" if extra_key is None else b"k" + extra_key.encode())
-        return chain_keys(ns, tokens, self.host.shape.page_size)
+        """Store keys of ``tokens``' pages, remembered for the last few prompts (a queued request is matched
+        at every admission attempt)."""
+        memo = (extra_key, tuple(tokens))
+        if (keys := self._key_memo.get(memo)) is None:
+            ns = self.namespace + b"\0" + (b"" if extra_key is None else b"k" + extra_key.encode())
+            keys = self._key_memo[memo] = chain_keys(ns, tokens, self.host.shape.page_size)
+            if len(self._key_memo) > 256:
+                self._key_memo.popitem(last=False)
+        return keys
 
     def _failed(self, op: str, e: StoreError) -> None:
         if isinstance(e, StoreUnavailable):  # not attempted: the guard logged why, once
@@ -122,22 +131,15 @@ class HostTier:
         return keys[:n]
 
     def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int]) -> bool:
-        """Store the last ``len(device_pages)`` pages of ``prefix`` (whose KV they hold); False on a failure."""
-        assert self.store is not None
+        """Queue the last ``len(device_pages)`` pages of ``prefix`` (whose KV they hold) for the store; the
+        engine thread only copies them (engine/mem/store_writer.py). False if the write was dropped."""
+        assert self.writer is not None
         keys = self._keys(extra_key, prefix)[-len(device_pages):]
-        try:
-            present = self.store.exists(keys)
-            # content-addressed: an entry there already is this one, unless it was found bad (then replace it)
-            todo = [(k, p) for k, p, there in zip(keys, device_pages, present) if not there or k in self._bad]
-            for start in range(0, len(todo), BATCH):
-                batch = todo[start:start + BATCH]
-                self.store.put([(k, seal(self._page_bytes(p))) for k, p in batch],
-                               overwrite=any(k in self._bad for k, _ in batch))
-                self.stats.stored_tokens += len(batch) * self.host.shape.page_size
-                self._bad.difference_update(k for k, _ in batch)
-        except StoreError as e:
-            self._failed("write", e)
+        overwrite = frozenset(k for k in keys if k in self._bad)
+        snaps = [self._page_view(p).clone(memory_format=torch.contiguous_format).cpu() for p in device_pages]
+        if not self.writer.submit(keys, snaps, overwrite):
             return False
+        self._bad.difference_update(overwrite)
         return True
 
     def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
@@ -146,7 +148,8 @@ class HostTier:
         assert self.store is not None
         if self._loading_since is None:
             self._loading_since = time.perf_counter()
-        size, n = len(self._page_bytes(0)), 0
+        view, n = self._page_view(0), 0
+        size = view.numel() * view.element_size()
         todo = list(zip(keys, device_pages))
         for start in range(0, len(todo), BATCH):
             batch = todo[start:start + BATCH]
@@ -179,9 +182,6 @@ class HostTier:
         ps = self.host.shape.page_size
         return self.kv.data[:, :, page * ps:(page + 1) * ps]
 
-    def _page_bytes(self, page: int) -> bytes:
-        return self._page_view(page).contiguous().cpu().view(torch.uint8).numpy().tobytes()
-
     def _set_page(self, page: int, data: bytes) -> None:
         view = self._page_view(page)
         src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(view.dtype).view(view.shape)
@@ -194,16 +194,27 @@ class HostTier:
         """connecting, up or down (a guarded store); up for an unguarded one (tests hand the tier a bare store)."""
         return getattr(self.store, "state", "up")
 
-    def describe(self) -> dict[str, int | str]:
-        s = self.stats
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters since start, the store writer's included (for /metrics and /get_server_info)."""
+        s, w = self.stats, self.writer
+        return {"loaded_tokens": s.loaded_tokens, "loaded_bytes": s.loaded_bytes, "written_tokens": s.written_tokens,
+                "written_bytes": s.written_bytes, "stored_tokens": w.stored_tokens if w else 0,
+                "store_loaded_tokens": s.store_loaded_tokens, "store_misses": s.store_misses,
+                "store_failures": s.store_failures + (w.failures if w else 0),
+                "store_writes_dropped": w.dropped if w else 0}
+
+    def close(self) -> None:
+        """Finish queued store writes (briefly) and close the store."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.store is not None:
+            self.store.close()
+
+    def describe(self) -> dict[str, int | str | None]:
         return {"write_policy": self.write_policy, "host_pages_total": self.host.allocator.capacity,
-                "host_pages_used": self.host.allocator.used, "loaded_tokens": s.loaded_tokens,
-                "loaded_bytes": s.loaded_bytes, "written_tokens": s.written_tokens,
-                "written_bytes": s.written_bytes,
+                "host_pages_used": self.host.allocator.used,
                 "storage_backend": None if self.store is None else self.store.name,
-                "store_state": None if self.store is None else self.store_state(),
-                "stored_tokens": s.stored_tokens, "store_loaded_tokens": s.store_loaded_tokens,
-                "store_misses": s.store_misses, "store_failures": s.store_failures}
+                "store_state": None if self.store is None else self.store_state(), **self.counters()}
 
 
 def open_store(cfg: CacheConfig) -> PageStore | None:

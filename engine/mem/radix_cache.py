@@ -71,6 +71,15 @@ class RadixCache(PrefixCache):
             i += 1
         return i - i % self.page_size
 
+    def cached_length(self, key: Sequence[int], extra_key: str | None = None) -> int:
+        """Tokens of ``key`` the tree holds in L1 or L2, changing nothing (no split, no touch, no store lookup):
+        what a scheduling policy ranks the queue by."""
+        node, i, limit = self._roots.get(extra_key), 0, len(key) - len(key) % self.page_size
+        while node is not None and i < limit and (child := node.children.get(self._page_key(key, i))) is not None:
+            common = self._common(child.key, key, i)
+            i, node = i + common, (child if common == len(child.key) else None)
+        return i
+
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
         self._clock += 1
         limit = len(key) - len(key) % self.page_size

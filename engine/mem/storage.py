@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import struct
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -23,10 +24,11 @@ DIGEST = 16
 
 def chain_keys(namespace: bytes, tokens: Sequence[int], page_size: int) -> list[str]:
     """The store key of every whole page of ``tokens`` (page i's key covers tokens[: (i + 1) * page_size])."""
+    n = len(tokens) - len(tokens) % page_size
+    data, step = struct.pack(f"<{n}I", *tokens[:n]), 4 * page_size  # each id as 4 little-endian bytes
     keys, prev = [], hashlib.blake2b(namespace, digest_size=20).digest()
-    for start in range(0, len(tokens) - len(tokens) % page_size, page_size):
-        page = b"".join(t.to_bytes(4, "little") for t in tokens[start:start + page_size])
-        prev = hashlib.blake2b(prev + page, digest_size=20).digest()
+    for start in range(0, len(data), step):
+        prev = hashlib.blake2b(prev + data[start:start + step], digest_size=20).digest()
         keys.append(prev.hex())
     return keys
 
@@ -73,6 +75,11 @@ class PageStore(ABC):
 
     def close(self) -> None:
         """Release connections and memory given to the store; a no-op by default."""
+
+    def direct(self) -> PageStore | None:
+        """The store for a background thread to call directly (no deadline: nobody waits on it), or None while
+        it should not be asked."""
+        return self
 
 
 class FileStore(PageStore):

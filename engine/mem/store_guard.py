@@ -79,6 +79,10 @@ class GuardedStore(PageStore):
     def delete(self, keys: Sequence[str]) -> None:
         self._call("delete", lambda s: s.delete(keys))
 
+    def direct(self) -> PageStore | None:
+        return self._inner if self.state == "up" else None  # read from the writer's thread: a stale "up" costs
+        # one failed write at most
+
     def close(self) -> None:
         """Stop the thread and close the store, waiting at most ``timeout`` (a dead store's client may take
         seconds to give up)."""

@@ -19,12 +19,19 @@ class KVManager:
         self.cache = cache
         self.page_size = page_size
 
+    @staticmethod
+    def _key(req: Request) -> list[int]:
+        # prompt logprobs need every prompt position's logits: nothing may come from the cache
+        return [] if req.sampling.prompt_logprobs is not None else req.tokens(0, req.seq_len - 1)
+
+    def cached_length(self, req: Request) -> int:
+        """What the cache's tiers hold of ``req``'s prompt (shared store aside), changing nothing."""
+        return self.cache.cached_length(self._key(req), req.extra_key)
+
     def match(self, req: Request, load: bool = False) -> MatchResult:
         """Longest cached prefix, leaving at least one token to compute (its logits give the next token). With
         ``load``, the part of it in a lower cache tier is copied into the pool first (HiCache)."""
-        # prompt logprobs need every prompt position's logits: nothing may come from the cache
-        key = [] if req.sampling.prompt_logprobs is not None else req.tokens(0, req.seq_len - 1)
-        match = self.cache.match_prefix(key, req.extra_key)
+        match = self.cache.match_prefix(self._key(req), req.extra_key)
         return self.cache.load_back(match) if load and match.host_tokens else match
 
     def reserve(self, pages: int) -> bool:

@@ -199,9 +199,8 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _cached_tokens(self, req: Request) -> int:
-        """What the prefix cache holds of ``req``'s prompt, in any tier."""
-        match = self.kv.match(req)
-        return match.num_tokens + match.host_tokens
+        """What the prefix cache holds of ``req``'s prompt, in the device and host tiers."""
+        return self.kv.cached_length(req)
 
     def _admit(self, seqs: list[ScheduledSeq], budget: int) -> int:
         if not self.waiting or budget <= 0:

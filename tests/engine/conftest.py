@@ -50,6 +50,8 @@ def run_each(core: EngineCore, ids_list: list[list[int]], extra_key: str | None 
         core.run_to_completion([req])
         outs.append(req.output_ids)
         cached.append(req.cached_tokens)
+    if core.hicache is not None and core.hicache.writer is not None:
+        assert core.hicache.writer.drain(), "store writes still queued after 10 s"  # deterministic tests
     core.check_integrity()
     core.flush_cache()
     assert core.allocator.available == core.allocator.capacity

@@ -92,7 +92,12 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
           lock=st.booleans())
     def match(self, ns: str | None, stem: int, tail: list[int], load: bool, lock: bool) -> None:
         key = STEMS[stem] + tuple(tail)
+        if self.tier.writer is not None:
+            assert self.tier.writer.drain()  # store writes run behind: wait, so the model is exact
+        peeked = self.cache.cached_length(key, ns)
         result = self.cache.match_prefix(key, ns)
+        tree_tokens = result.num_tokens + sum(len(n.key) for n in result.host_nodes)
+        assert peeked == tree_tokens, "cached_length disagrees with the match over the tree's tiers"
         if self.host_pages >= 200:
             assert result.num_tokens + result.host_tokens == self._expected(ns, key), "a prefix was lost"
         if load:
@@ -216,6 +221,7 @@ def test_a_store_hit_loads_only_what_the_pool_has_room_for(tmp_path: Path) -> No
     for k, page in enumerate(pages):
         kv.data[:, :, page * PAGE:(page + 1) * PAGE] = value(None, key[: (k + 1) * PAGE])
     writer.insert(key, pages)  # write_through: in L2 and in the store
+    assert writer.tier is not None and writer.tier.writer is not None and writer.tier.writer.drain()
     for free in (2, 0):
         reader, device, kv = tree()
         held = device.alloc(device.available - free)  # someone else holds the rest of the pool

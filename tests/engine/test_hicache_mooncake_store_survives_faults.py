@@ -66,12 +66,12 @@ def test_a_second_engine_reads_what_the_first_stored(master: MooncakeMaster, cor
     first = cores(mooncake(master))
     assert first.hicache.describe()["storage_backend"] == "mooncake" and first.hicache.store_state() == "up"
     outs, cached = run(first, prompts())
-    assert outs == cold[4] and cached == [0] * TENANTS and first.hicache.stats.stored_tokens >= TENANTS * SYSTEM
+    assert outs == cold[4] and cached == [0] * TENANTS and first.hicache.counters()["stored_tokens"] >= TENANTS * SYSTEM
     second = cores(mooncake(master))  # another client of the store
     outs, cached = run(second, prompts())
     assert outs == cold[4] and all(c >= SYSTEM for c in cached), cached
     assert second.hicache.stats.store_loaded_tokens == sum(cached)
-    assert second.hicache.stats.store_failures == 0
+    assert second.hicache.counters()["store_failures"] == 0
 
 
 def test_a_frozen_then_killed_store_costs_recomputation_and_is_used_again(master: MooncakeMaster,
@@ -84,22 +84,22 @@ def test_a_frozen_then_killed_store_costs_recomputation_and_is_used_again(master
     try:
         outs, _ = run(core, prompts(5))
         assert outs == cold[5]
-        assert store.timeouts >= 1 and tier.stats.store_failures >= 1 and store.state == "down"
+        assert store.timeouts >= 1 and tier.counters()["store_failures"] >= 1 and store.state == "down"
         # no call queues behind the stuck one: at most one stuck per retry window, far fewer than calls made
         assert store.timeouts <= 3, store.timeouts
     finally:
         master.thaw()
     wait_until(lambda: run(core, prompts(6))[0] == cold[6] and store.state == "up", 30, 0.2, "the store back")
-    written = tier.stats.stored_tokens
+    written = tier.counters()["stored_tokens"]
     outs, _ = run(core, prompts(7))
-    assert outs == cold[7] and tier.stats.stored_tokens > written
+    assert outs == cold[7] and tier.counters()["stored_tokens"] > written
     master.kill()  # metadata gone: lookups fail (or take seconds: the deadline cuts them)
-    failures = tier.stats.store_failures
+    failures = tier.counters()["store_failures"]
     outs, cached = run(core, prompts(8))
-    assert outs == cold[8] and cached == [0] * TENANTS and tier.stats.store_failures > failures
+    assert outs == cold[8] and cached == [0] * TENANTS and tier.counters()["store_failures"] > failures
     master.start()  # a new, empty master: the client mounts its segment again and writes resume
-    written = tier.stats.stored_tokens
-    wait_until(lambda: run(core, prompts(9))[0] == cold[9] and tier.stats.stored_tokens > written, 60, 0.3,
+    written = tier.counters()["stored_tokens"]
+    wait_until(lambda: run(core, prompts(9))[0] == cold[9] and tier.counters()["stored_tokens"] > written, 60, 0.3,
                "writes to the restarted store")
     core.check_integrity()
 
@@ -112,7 +112,7 @@ def test_a_full_store_and_a_corrupt_entry_cost_recomputation(master: MooncakeMas
     expected, _ = run(cores(CacheConfig()), long)
     small = cores(mooncake(master, global_segment_size="16mb"))
     outs, _ = run(small, long)  # the store (16 MB, evicting at 90%) fills up and refuses writes
-    assert outs == expected and small.hicache.stats.store_failures > 0 and small.hicache.store_state() == "up"
+    assert outs == expected and small.hicache.counters()["store_failures"] > 0 and small.hicache.store_state() == "up"
     outs, _ = run(cores(mooncake(master)), long)  # a reader of a
     assert outs == expected  # full store gets what is left of each prompt and recomputes the rest
     small.hicache.store.close()
@@ -140,8 +140,8 @@ def test_an_unreachable_store_at_start_up_is_used_once_it_answers(cores: Cores, 
     assert outs == cold[4] and cached == [0] * TENANTS
     master.start()
     try:
-        wait_until(lambda: run(core, prompts(5))[0] == cold[5] and core.hicache.stats.stored_tokens > 0, 30, 0.2,
-                   "the store to come up")
+        wait_until(lambda: run(core, prompts(5))[0] == cold[5] and core.hicache.counters()["stored_tokens"] > 0,
+                   30, 0.2, "the store to come up")
         assert store.state == "up"
     finally:
         master.kill()

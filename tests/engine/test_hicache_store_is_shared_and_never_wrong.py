@@ -32,7 +32,7 @@ def test_a_second_engine_reads_what_the_first_stored(tiny_model_dir: Path, tmp_p
     cold, _ = run(make_core(tiny_model_dir, page_size=4), prompts())
     first = make_core(tiny_model_dir, page_size=4, hicache=stored(tmp_path))
     outs, cached = run(first, prompts())
-    assert outs == cold and cached == [0] * TENANTS and first.hicache.stats.stored_tokens >= TENANTS * SYSTEM
+    assert outs == cold and cached == [0] * TENANTS and first.hicache.counters()["stored_tokens"] >= TENANTS * SYSTEM
     second = make_core(tiny_model_dir, page_size=4, hicache=stored(tmp_path))
     outs, cached = run(second, prompts())
     assert outs == cold
@@ -83,7 +83,7 @@ def test_a_corrupt_entry_or_an_unusable_store_only_costs_recomputation(tiny_mode
     shutil.rmtree(tmp_path / "store")
     (tmp_path / "store").write_text("not a directory")  # gone mid-run: every lookup, read and write fails
     outs, cached = run(core, prompts())
-    assert outs == cold and cached == [0] * TENANTS and core.hicache.stats.store_failures > 0
+    assert outs == cold and cached == [0] * TENANTS and core.hicache.counters()["store_failures"] > 0
     with pytest.raises(EngineConfigError, match="--hicache-storage-dir"):  # refused at start-up, though
         make_core(tiny_model_dir, page_size=4, hicache=stored(tmp_path / "store"))
 

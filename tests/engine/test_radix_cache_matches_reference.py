@@ -53,8 +53,9 @@ class RadixAgainstReference(RuleBasedStateMachine):
     @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens, lock=st.booleans())
     def match(self, ns: str | None, stem: int, tail: list[int], lock: bool) -> None:
         key = self._key(stem, tail)
+        peeked = self.cache.cached_length(key, ns)
         result = self.cache.match_prefix(key, extra_key=ns)
-        assert result.pages == self._ref_match(ns, key)
+        assert result.pages == self._ref_match(ns, key) and peeked == result.num_tokens
         if lock and result.pages:
             self.cache.inc_lock(result.node)
             self.locks.append((result.node, ns, key[: result.num_tokens]))

@@ -1,0 +1,96 @@
+"""Writes to HiCache's shared store behind the engine: the engine thread only copies the pages out of the pool
+(they may hold other KV a step later); sealing (a checksum over every byte), the lookup of what the store
+already holds, and the writes run on this writer's own thread. A write is dropped, and counted, when more than
+``max_queued_bytes`` are waiting (a slow or stuck store must not grow the queue without bound) or when the
+store is not up; a dropped or failed write only costs a later miss. The counters are this object's, written
+by its thread alone (``dropped`` by the engine thread alone)."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+
+from engine.mem.storage import PageStore, StoreError, seal
+
+log = logging.getLogger(__name__)
+BATCH = 16  # pages per store call
+
+
+class StoreWriter:
+    def __init__(self, store: PageStore, page_tokens: int, max_queued_bytes: int = 256 << 20) -> None:
+        self.store = store
+        self.page_tokens = page_tokens
+        self.max_queued_bytes = max_queued_bytes
+        self.stored_tokens = 0  # tokens written (writer thread)
+        self.failures = 0  # writes the store refused or failed (writer thread)
+        self.dropped = 0  # writes never queued: queue full or store not up (engine thread)
+        self._queue: queue.SimpleQueue[tuple[list[str], list[torch.Tensor], frozenset[str], int] | None] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._queued_bytes = 0
+        self._outstanding = 0  # jobs queued or being written
+        self._thread: threading.Thread | None = None
+
+    def submit(self, keys: Sequence[str], pages: list[torch.Tensor], overwrite: frozenset[str]) -> bool:
+        """Queue ``pages`` (copies the caller made) to be stored under ``keys``; those in ``overwrite`` replace
+        what is there. False if dropped."""
+        size = sum(p.numel() * p.element_size() for p in pages)
+        target = self.store.direct()
+        with self._lock:
+            full = self._queued_bytes + size > self.max_queued_bytes
+            if target is None or full:
+                self.dropped += 1
+                if full:
+                    log.warning("hicache store writes are %d MB behind: dropping a write of %d pages",
+                                self._queued_bytes >> 20, len(pages))
+                return False
+            self._queued_bytes += size
+            self._outstanding += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hicache-store-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((list(keys), pages, overwrite, size))
+        return True
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued write is done (tests, shutdown); False if ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        while self._outstanding:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        self.drain(timeout)
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            keys, pages, overwrite, size = job
+            try:
+                self._write(keys, pages, overwrite)
+            except StoreError as e:
+                self.failures += 1
+                log.warning("hicache store write failed, going on without it: %s", e)
+            finally:
+                with self._lock:
+                    self._queued_bytes -= size
+                    self._outstanding -= 1
+
+    def _write(self, keys: list[str], pages: list[torch.Tensor], overwrite: frozenset[str]) -> None:
+        store = self.store.direct()
+        if store is None:
+            raise StoreError("the store went down before the write")
+        present = store.exists(keys)
+        # content-addressed: an entry there already is this one, unless it was found bad (then replace it)
+        todo = [(k, p) for k, p, there in zip(keys, pages, present) if not there or k in overwrite]
+        for start in range(0, len(todo), BATCH):
+            batch = todo[start:start + BATCH]
+            store.put([(k, seal(p.view(torch.uint8).numpy().tobytes())) for k, p in batch],
+                      overwrite=any(k in overwrite for k, _ in batch))
+            self.stored_tokens += len(batch) * self.page_tokens
