@@ -112,8 +112,8 @@ class CacheConfig:
             raise EngineConfigError("--hicache-storage-backend mooncake needs --hicache-storage-backend-extra-config"
                                     if mooncake else "--hicache-storage-backend-extra-config needs "
                                     "--hicache-storage-backend mooncake")
-        if self.hicache_storage_timeout <= 0:
-            raise EngineConfigError("--hicache-storage-timeout must be positive")
+        if not 0 < self.hicache_storage_timeout < 3600:  # nan and inf too
+            raise EngineConfigError("--hicache-storage-timeout must be a number of seconds, above 0 and under 3600")
         if self.hicache_storage_timeout != d.hicache_storage_timeout and self.hicache_storage_backend == "none":
             raise EngineConfigError("--hicache-storage-timeout needs --hicache-storage-backend")
         selective = self.hicache_write_policy == "write_through_selective"

@@ -18,13 +18,13 @@ from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool
 from engine.tiny_model import default_cache_dir
 from engine.mem.mooncake_store import MooncakeConfigError, MooncakeStore, MooncakeStoreOptions
-from engine.mem.storage import (FileStore, PageStore, StoreError, StoreUnreachable, chain_keys, model_fingerprint,
-                                 unseal)
+from engine.mem.storage import (DIGEST, FileStore, PageStore, StoreError, StoreUnreachable, chain_keys,
+                                 model_fingerprint, unseal)
 from engine.mem.store_guard import GuardedStore, StoreUnavailable
-from engine.mem.store_writer import StoreWriter
+from engine.mem.store_writer import StoreWriter, batches
 
 log = logging.getLogger(__name__)
-BATCH = 16  # store pages per call: one round trip, and a bounded size under one deadline
+MEMO_TOKENS = 1 << 20  # prompts' store keys remembered, in tokens (a few MB)
 
 
 @dataclass
@@ -55,6 +55,7 @@ class HostTier:
         self.namespace = namespace  # model identity and KV layout: L3 keys of another model never match
         self.stats = HiCacheStats()
         self._key_memo: OrderedDict[tuple[str | None, tuple[int, ...]], list[str]] = OrderedDict()
+        self._memo_tokens = 0
         self._bad: set[str] = set()  # store keys found missing or corrupt since: rewrite them
         self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
         self._loading_since: float | None = None
@@ -106,8 +107,11 @@ class HostTier:
         if (keys := self._key_memo.get(memo)) is None:
             ns = self.namespace + b"\0" + (b"" if extra_key is None else b"k" + extra_key.encode())
             keys = self._key_memo[memo] = chain_keys(ns, tokens, self.host.shape.page_size)
-            if len(self._key_memo) > 256:
-                self._key_memo.popitem(last=False)
+            self._memo_tokens += len(tokens)
+            while self._memo_tokens > MEMO_TOKENS and len(self._key_memo) > 1:
+                self._memo_tokens -= len(self._key_memo.popitem(last=False)[0][1])
+        else:
+            self._key_memo.move_to_end(memo)
         return keys
 
     def _failed(self, op: str, e: StoreError) -> None:
@@ -136,39 +140,51 @@ class HostTier:
         assert self.writer is not None
         keys = self._keys(extra_key, prefix)[-len(device_pages):]
         overwrite = frozenset(k for k in keys if k in self._bad)
-        snaps = [self._page_view(p).clone(memory_format=torch.contiguous_format).cpu() for p in device_pages]
-        if not self.writer.submit(keys, snaps, overwrite):
+
+        def snapshot() -> list[torch.Tensor]:
+            return [self._page_view(p).clone(memory_format=torch.contiguous_format).cpu() for p in device_pages]
+        if not self.writer.submit(keys, len(device_pages) * self._entry_bytes(), snapshot, overwrite):
             return False
         self._bad.difference_update(overwrite)
         return True
 
     def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
         """Copy stored pages into ``device_pages`` in order; returns how many, stopping at the first missing,
-        corrupt or failed one."""
+        corrupt or failed one, or when the reads have taken the store's deadline in all."""
         assert self.store is not None
         if self._loading_since is None:
             self._loading_since = time.perf_counter()
-        view, n = self._page_view(0), 0
-        size = view.numel() * view.element_size()
-        todo = list(zip(keys, device_pages))
-        for start in range(0, len(todo), BATCH):
-            batch = todo[start:start + BATCH]
+        size, n = self._entry_bytes(), 0
+        budget = time.monotonic() + getattr(self.store, "timeout", 60.0)
+        for batch in batches(list(zip(keys, device_pages)), size, self.store.max_batch_bytes):
+            if n and time.monotonic() > budget:
+                break  # a slow store: recompute the rest rather than hold the engine call after call
             try:
                 entries = self.store.get([k for k, _ in batch])
             except StoreError as e:
                 self._failed("read", e)
                 return n
+            if len(entries) != len(batch):
+                self._failed("read", StoreError(f"{len(entries)} entries for {len(batch)} keys"))
+                return n
             for (key, page), entry in zip(batch, entries):
                 data = unseal(entry, size)
-                if data is None:  # missing, short or corrupt: replace it with the recomputed page
+                if data is None:
                     self.stats.store_misses += 1
-                    log.warning("hicache store entry %s is missing or corrupt: recomputing from there", key)
-                    self._forget(key)
+                    if entry is None:  # gone since the lookup (evicted): nothing to repair
+                        log.info("hicache store entry %s went away after its lookup: recomputing from there", key)
+                    else:  # short or corrupt: replace it with the recomputed page
+                        log.warning("hicache store entry %s is corrupt: recomputing from there", key)
+                        self._forget(key)
                     return n
                 self._set_page(page, data)
                 self.stats.store_loaded_tokens += self.host.shape.page_size
                 n += 1
         return n
+
+    def _entry_bytes(self) -> int:
+        view = self._page_view(0)
+        return view.numel() * view.element_size()
 
     def _forget(self, key: str) -> None:
         if len(self._bad) < 65536:
@@ -204,10 +220,13 @@ class HostTier:
                 "store_writes_dropped": w.dropped if w else 0}
 
     def close(self) -> None:
-        """Finish queued store writes (briefly) and close the store."""
-        if self.writer is not None:
-            self.writer.close()
-        if self.store is not None:
+        """Finish queued store writes (briefly) and close the store, unless a write is still running on it."""
+        stopped = self.writer is None or self.writer.close()
+        if not stopped:
+            log.warning("hicache store writer still busy at shutdown: leaving the store client open")
+        if isinstance(self.store, GuardedStore):
+            self.store.close(close_store=stopped)
+        elif self.store is not None and stopped:
             self.store.close()
 
     def describe(self) -> dict[str, int | str | None]:
@@ -217,11 +236,12 @@ class HostTier:
                 "store_state": None if self.store is None else self.store_state(), **self.counters()}
 
 
-def open_store(cfg: CacheConfig) -> PageStore | None:
+def open_store(cfg: CacheConfig, entry_bytes: int) -> PageStore | None:
     """The shared tier ``cfg`` names, behind a per-operation deadline; a malformed setting is a start-up error
     naming its flag, an unreachable store is not (the worker recomputes until it answers)."""
     if cfg.hicache_storage_backend == "none":
         return None
+    max_batch = PageStore.max_batch_bytes
     if cfg.hicache_storage_backend == "file":
         root = Path(cfg.hicache_storage_dir or default_cache_dir() / "hicache")
         try:
@@ -235,8 +255,12 @@ def open_store(cfg: CacheConfig) -> PageStore | None:
         except MooncakeConfigError as e:
             raise EngineConfigError(f"--hicache-storage-backend-extra-config {e}") from e
         connect = lambda: MooncakeStore(opts, cfg.hicache_storage_timeout)  # noqa: E731
+        max_batch = opts.max_batch_bytes
+        if entry_bytes + DIGEST > max_batch:
+            raise EngineConfigError(f"--hicache-storage-backend-extra-config: local_buffer_size "
+                                    f"{opts.local_buffer_size} is under twice one page's KV ({entry_bytes} bytes)")
     store = GuardedStore(cfg.hicache_storage_backend, connect, cfg.hicache_storage_timeout,
-                         retry_after=max(1.0, 2.5 * cfg.hicache_storage_timeout))
+                         retry_after=max(1.0, 2.5 * cfg.hicache_storage_timeout), max_batch_bytes=max_batch)
     if not store.wait_connected(cfg.hicache_storage_timeout):
         if store.connect_error is not None and not isinstance(store.connect_error, StoreUnreachable):
             store.close()  # the store answered and refused these settings: retrying will not help
@@ -259,7 +283,7 @@ def host_tier_for(cfg: CacheConfig, pool: KVPool, device_pages: PageAllocator, d
              int(device_pages.capacity * cfg.hicache_ratio))
     if pages < 1:
         raise EngineConfigError(f"--hicache-size {cfg.hicache_size} GB holds no page ({page_bytes} bytes each)")
-    store = open_store(cfg)
+    store = open_store(cfg, page_bytes)
     model_id = "" if store is None else model_fingerprint(config or Path("config.json"), weights())
     s = pool.shape
     layout = f"{model_id}|{weight_dtype}|{s.num_layers}x{s.num_kv_heads}x{s.head_dim}|{s.dtype}|page{s.page_size}"

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -68,12 +69,22 @@ class MooncakeStoreOptions:
         known = {f.name for f in fields(MooncakeStoreOptions)}
         if unknown := sorted(set(raw) - known):
             raise MooncakeConfigError(f"unknown key {unknown[0]!r}; the keys are {', '.join(sorted(known))}")
-        if not isinstance(raw.get("master_server_address"), str) or ":" not in raw["master_server_address"]:
+        address = raw.get("master_server_address")
+        if not isinstance(address, str) or not re.fullmatch(r".+:\d{1,5}", address):
             raise MooncakeConfigError('needs "master_server_address": "HOST:PORT" of the mooncake_master')
+        for key in ("metadata_server", "protocol", "device_name", "local_hostname"):
+            if not isinstance(raw.get(key, ""), str):
+                raise MooncakeConfigError(f"{key} must be a string, not {raw[key]!r}")
         for key in ("global_segment_size", "local_buffer_size"):
             if key in raw:
                 raw[key] = _size(key, raw[key])
         return MooncakeStoreOptions(**raw)
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """Mooncake stages each batch through the client's local buffer: a batch that does not fit fails whole
+        (a put returns -600, a get returns empty entries), so calls move at most half of it."""
+        return self.local_buffer_size // 2
 
     def master(self) -> tuple[str, int]:
         host, _, port = self.master_server_address.rpartition(":")
@@ -89,9 +100,14 @@ class MooncakeStoreOptions:
 
 
 class MooncakeStore(PageStore):
+    """Calls are serialised on one lock: the engine's reads and the writer's puts share the client's local
+    buffer, and overlapping batches overflow it."""
+
     name = "mooncake"
 
     def __init__(self, opts: MooncakeStoreOptions, connect_timeout: float = 2.0) -> None:
+        self.max_batch_bytes = opts.max_batch_bytes
+        self._lock = threading.Lock()
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
@@ -118,28 +134,36 @@ class MooncakeStore(PageStore):
             raise StoreError(f"mooncake {op} returned {rc}")
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [v or None for v in self._store.get_batch(list(keys))]  # b"" is absent (or lost in transfer)
+        with self._lock:
+            values = self._store.get_batch(list(keys))
+        if len(values) != len(keys):
+            raise StoreError(f"mooncake get returned {len(values)} entries for {len(keys)} keys")
+        return [v or None for v in values]  # b"" is absent (or lost in transfer)
 
     def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:
         if not items:
             return
         keys, values = [k for k, _ in items], [v for _, v in items]
-        rc = (self._store.upsert_batch if overwrite else self._store.put_batch)(keys, values)
+        with self._lock:
+            rc = (self._store.upsert_batch if overwrite else self._store.put_batch)(keys, values)
         self._check("upsert" if overwrite else "put", rc)
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         if not keys:
             return []
-        codes = self._store.batch_is_exist(list(keys))
+        with self._lock:
+            codes = self._store.batch_is_exist(list(keys))
         if any(rc < 0 for rc in codes):  # -1: a lookup only fails when the master cannot answer
             raise StoreUnreachable(f"mooncake lookup failed (code {min(codes)})")
         return [rc == 1 for rc in codes]
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:  # a leased entry (read in the last seconds) refuses removal: the overwrite replaces it
-            rc = self._store.remove(key)
+            with self._lock:
+                rc = self._store.remove(key)
             if rc in RPC_FAILURES:
                 self._check("remove", rc)
 
     def close(self) -> None:
-        self._store.close()
+        with self._lock:
+            self._store.close()

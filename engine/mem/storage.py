@@ -58,9 +58,11 @@ class PageStore(ABC):
     StoreError for failures; a key that is simply absent is not one."""
 
     name = "store"
+    max_batch_bytes = 64 << 20  # most entry bytes one call may move (Mooncake: half its local buffer)
 
     @abstractmethod
-    def get(self, keys: Sequence[str]) -> list[bytes | None]: ...
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """One entry (or None) per key, in order."""
 
     @abstractmethod
     def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:

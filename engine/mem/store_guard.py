@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from typing import TypeVar
 
 from engine.mem.storage import PageStore, StoreError, StoreUnreachable
@@ -36,8 +37,9 @@ class StoreUnavailable(StoreError):
 
 class GuardedStore(PageStore):
     def __init__(self, name: str, connect: Callable[[], PageStore], timeout: float,
-                 retry_after: float = 5.0) -> None:
+                 retry_after: float = 5.0, max_batch_bytes: int = PageStore.max_batch_bytes) -> None:
         self.name = name
+        self.max_batch_bytes = max_batch_bytes
         self.timeout = timeout
         self.retry_after = retry_after
         self.timeouts = 0  # operations abandoned at their deadline
@@ -58,7 +60,7 @@ class GuardedStore(PageStore):
         if fut is not None:
             try:
                 fut.result(timeout)
-            except (TimeoutError, StoreError):
+            except (TimeoutError, FutureTimeout, Exception):  # noqa: BLE001 - _ready() sorts out what happened
                 pass
         try:
             self._ready()
@@ -83,11 +85,11 @@ class GuardedStore(PageStore):
         return self._inner if self.state == "up" else None  # read from the writer's thread: a stale "up" costs
         # one failed write at most
 
-    def close(self) -> None:
-        """Stop the thread and close the store, waiting at most ``timeout`` (a dead store's client may take
-        seconds to give up)."""
+    def close(self, close_store: bool = True) -> None:
+        """Stop the thread and (``close_store``) close the store, waiting at most ``timeout`` (a dead store's
+        client may take seconds to give up)."""
         inner, self._inner, self.state = self._inner, None, "down"
-        if inner is not None:
+        if inner is not None and close_store:
             self._jobs.put((inner.close, Future()))
         self._jobs.put(None)
         self._thread.join(self.timeout)
@@ -136,7 +138,7 @@ class GuardedStore(PageStore):
         fut = self._submit(lambda: fn(inner))
         try:
             result = fut.result(self.timeout)
-        except TimeoutError:
+        except (TimeoutError, FutureTimeout):
             self.timeouts += 1
             self._pending = fut
             self._set("down", f"{op} took longer than {self.timeout}s")
@@ -147,6 +149,8 @@ class GuardedStore(PageStore):
         except StoreError:
             self._set("up", "answering again")
             raise
+        except Exception as e:  # noqa: BLE001 - a client library's own error is the store's failure, not ours
+            raise StoreError(f"{op}: {type(e).__name__}: {e}") from e
         self._set("up", "answering again")
         return result
 

@@ -1,8 +1,9 @@
 """Writes to HiCache's shared store behind the engine: the engine thread only copies the pages out of the pool
 (they may hold other KV a step later); sealing (a checksum over every byte), the lookup of what the store
 already holds, and the writes run on this writer's own thread. A write is dropped, and counted, when more than
-``max_queued_bytes`` are waiting (a slow or stuck store must not grow the queue without bound) or when the
-store is not up; a dropped or failed write only costs a later miss. The counters are this object's, written
+``max_queued_bytes`` are already waiting (a slow or stuck store must not grow the queue without bound; a write
+into an empty queue is always taken, however large) or when the store is not up, in both cases before the
+engine copies anything; a dropped or failed write only costs a later miss. The counters are this object's, written
 by its thread alone (``dropped`` by the engine thread alone)."""
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from engine.mem.storage import PageStore, StoreError, seal
 
 log = logging.getLogger(__name__)
-BATCH = 16  # pages per store call
+BATCH = 16  # most pages per store call (fewer where the store's max_batch_bytes says so)
+
+
+def batches(items: Sequence, entry_bytes: int, max_batch_bytes: int) -> list[Sequence]:
+    """``items`` cut into store calls of at most BATCH entries and ``max_batch_bytes`` (at least one entry)."""
+    per = max(1, min(BATCH, max_batch_bytes // max(1, entry_bytes)))
+    return [items[i:i + per] for i in range(0, len(items), per)]
 
 
 class StoreWriter:
@@ -35,25 +42,24 @@ class StoreWriter:
         self._outstanding = 0  # jobs queued or being written
         self._thread: threading.Thread | None = None
 
-    def submit(self, keys: Sequence[str], pages: list[torch.Tensor], overwrite: frozenset[str]) -> bool:
-        """Queue ``pages`` (copies the caller made) to be stored under ``keys``; those in ``overwrite`` replace
-        what is there. False if dropped."""
-        size = sum(p.numel() * p.element_size() for p in pages)
-        target = self.store.direct()
+    def submit(self, keys: Sequence[str], size: int, snapshot: Callable[[], list[torch.Tensor]],
+               overwrite: frozenset[str]) -> bool:
+        """Queue the pages ``snapshot()`` copies (``size`` bytes; called only if the write is taken) to be stored
+        under ``keys``; those in ``overwrite`` replace what is there. False if dropped."""
         with self._lock:
-            full = self._queued_bytes + size > self.max_queued_bytes
-            if target is None or full:
+            behind = self._queued_bytes
+            if self.store.direct() is None or (behind and behind + size > self.max_queued_bytes):
                 self.dropped += 1
-                if full:
+                if behind:
                     log.warning("hicache store writes are %d MB behind: dropping a write of %d pages",
-                                self._queued_bytes >> 20, len(pages))
+                                behind >> 20, len(keys))
                 return False
             self._queued_bytes += size
             self._outstanding += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="hicache-store-writer", daemon=True)
             self._thread.start()
-        self._queue.put((list(keys), pages, overwrite, size))
+        self._queue.put((list(keys), snapshot(), overwrite, size))
         return True
 
     def drain(self, timeout: float = 10.0) -> bool:
@@ -65,18 +71,24 @@ class StoreWriter:
             time.sleep(0.001)
         return True
 
-    def close(self, timeout: float = 2.0) -> None:
+    def close(self, timeout: float = 2.0) -> bool:
+        """Let queued writes finish for up to ``timeout``, then stop; False if a write is still running (its
+        store must not be closed under it)."""
         self.drain(timeout)
         self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(max(0.1, timeout / 4))
+            return not self._thread.is_alive()
+        return True
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
             keys, pages, overwrite, size = job
             try:
                 self._write(keys, pages, overwrite)
-            except StoreError as e:
+            except Exception as e:  # noqa: BLE001 - any failure (the client library's own too) costs this write only
                 self.failures += 1
-                log.warning("hicache store write failed, going on without it: %s", e)
+                log.warning("hicache store write failed, going on without it: %s: %s", type(e).__name__, e)
             finally:
                 with self._lock:
                     self._queued_bytes -= size
@@ -89,8 +101,8 @@ class StoreWriter:
         present = store.exists(keys)
         # content-addressed: an entry there already is this one, unless it was found bad (then replace it)
         todo = [(k, p) for k, p, there in zip(keys, pages, present) if not there or k in overwrite]
-        for start in range(0, len(todo), BATCH):
-            batch = todo[start:start + BATCH]
+        entry = pages[0].numel() * pages[0].element_size() if pages else 0
+        for batch in batches(todo, entry, store.max_batch_bytes):
             store.put([(k, seal(p.view(torch.uint8).numpy().tobytes())) for k, p in batch],
                       overwrite=any(k in overwrite for k, _ in batch))
             self.stored_tokens += len(batch) * self.page_tokens

@@ -67,7 +67,8 @@ def test_a_second_engine_reads_what_the_first_stored(master: MooncakeMaster, cor
     assert first.hicache.describe()["storage_backend"] == "mooncake" and first.hicache.store_state() == "up"
     outs, cached = run(first, prompts())
     assert outs == cold[4] and cached == [0] * TENANTS and first.hicache.counters()["stored_tokens"] >= TENANTS * SYSTEM
-    second = cores(mooncake(master))  # another client of the store
+    # another client of the store; a small local buffer: reads of 8 pages per call (the tiny model's pages are 16 KB)
+    second = cores(mooncake(master, local_buffer_size="256kb"))
     outs, cached = run(second, prompts())
     assert outs == cold[4] and all(c >= SYSTEM for c in cached), cached
     assert second.hicache.stats.store_loaded_tokens == sum(cached)
@@ -154,6 +155,9 @@ def test_an_unreachable_store_at_start_up_is_used_once_it_answers(cores: Cores, 
     ('{"metadata_server": "P2PHANDSHAKE"}', "master_server_address"),
     ('{"master_server_address": "127.0.0.1:1", "global_segment_size": "lots"}', "global_segment_size"),
     ("MASTER", "must be at least 16mb"),
+    ('{"master_server_address": "127.0.0.1:x"}', "HOST:PORT"),
+    ('{"master_server_address": "127.0.0.1:1", "protocol": 5}', "protocol must be a string"),
+    ('{"master_server_address": "127.0.0.1:1", "local_buffer_size": "16kb"}', "under twice one page"),
 ])
 def test_a_malformed_mooncake_setting_is_refused_naming_the_flag(master: MooncakeMaster, cores: Cores,
                                                                  extra: str | None, message: str) -> None:

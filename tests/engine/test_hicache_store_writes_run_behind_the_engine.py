@@ -1,6 +1,7 @@
 """Store writes run behind the engine (engine/mem/store_writer.py): what is stored is the page as it was when
 the write was queued, even if the pool page is reused at once; a slow store does not grow the queue past its
-bound (the rest is dropped and counted) and does not hold the caller; the queued writes land once it answers."""
+bound (the rest is dropped, counted and never copied) and does not hold the caller; the queued writes land once
+it answers; one write larger than the bound still goes through an empty queue."""
 from __future__ import annotations
 
 import threading
@@ -54,11 +55,42 @@ def test_the_stored_page_is_the_one_queued_even_if_the_pool_page_changes(tmp_pat
 def test_a_slow_store_drops_writes_past_the_bound_and_takes_the_rest_later(tmp_path: Path) -> None:
     store = SlowStore(tmp_path)
     writer = StoreWriter(store, page_tokens=2, max_queued_bytes=3 * PAGE_BYTES)
-    page = torch.ones(2, 2, 2, 1, 4)
-    accepted = [writer.submit([f"{i:040x}"], [page.clone()], frozenset()) for i in range(5)]
+    copied = []
+
+    def snapshot(i: int) -> list[torch.Tensor]:
+        copied.append(i)
+        return [torch.full((2, 2, 2, 1, 4), float(i))]
+    accepted = [writer.submit([f"{i:040x}"], PAGE_BYTES, lambda i=i: snapshot(i), frozenset()) for i in range(5)]
     assert accepted == [True, True, True, False, False] and writer.dropped == 2  # the caller never waited
+    assert copied == [0, 1, 2]  # a dropped write is not even copied
     assert not writer.drain(0.05)  # the store has not answered yet
     store.gate.set()
     assert writer.drain() and writer.stored_tokens == 6 and writer.failures == 0
     assert all(store.exists([f"{i:040x}" for i in range(3)]))
-    writer.close()
+    big = [torch.zeros(2, 2, 2, 1, 4) for _ in range(5)]  # over the bound, into an empty queue: taken
+    assert writer.submit([f"{i:040x}" for i in range(10, 15)], 5 * PAGE_BYTES, lambda: big, frozenset())
+    assert writer.drain() and writer.stored_tokens == 16 and writer.close()
+
+
+class FlakyStore(FileStore):
+    """A file store whose first put fails with a client library's own error (not a StoreError)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.fail = True
+
+    def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("the client library failed")
+        super().put(items, overwrite)
+
+
+def test_a_write_that_raises_costs_that_write_only(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path)
+    writer = StoreWriter(store, page_tokens=2)
+    for i in range(2):
+        assert writer.submit([f"{i:040x}"], PAGE_BYTES, lambda: [torch.ones(2, 2, 2, 1, 4)], frozenset())
+        assert writer.drain()
+    assert writer.failures == 1 and writer.stored_tokens == 2 and store.exists([f"{1:040x}"]) == [True]
+    assert writer.close()
