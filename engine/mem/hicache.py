@@ -221,12 +221,9 @@ class HostTier:
 
     def close(self) -> None:
         """Finish queued store writes (briefly) and close the store, unless a write is still running on it."""
-        stopped = self.writer is None or self.writer.close()
-        if not stopped:
+        if self.writer is not None and not self.writer.close():
             log.warning("hicache store writer still busy at shutdown: leaving the store client open")
-        if isinstance(self.store, GuardedStore):
-            self.store.close(close_store=stopped)
-        elif self.store is not None and stopped:
+        elif self.store is not None:
             self.store.close()
 
     def describe(self) -> dict[str, int | str | None]:

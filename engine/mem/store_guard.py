@@ -27,7 +27,6 @@ from engine.mem.storage import PageStore, StoreError, StoreUnreachable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-STATES = ("connecting", "up", "down")
 
 
 class StoreUnavailable(StoreError):
@@ -60,7 +59,7 @@ class GuardedStore(PageStore):
         if fut is not None:
             try:
                 fut.result(timeout)
-            except (TimeoutError, FutureTimeout, Exception):  # noqa: BLE001 - _ready() sorts out what happened
+            except Exception:  # noqa: BLE001 - a timeout or a failed connection: _ready() sorts out which
                 pass
         try:
             self._ready()
@@ -85,11 +84,11 @@ class GuardedStore(PageStore):
         return self._inner if self.state == "up" else None  # read from the writer's thread: a stale "up" costs
         # one failed write at most
 
-    def close(self, close_store: bool = True) -> None:
-        """Stop the thread and (``close_store``) close the store, waiting at most ``timeout`` (a dead store's
-        client may take seconds to give up)."""
+    def close(self) -> None:
+        """Stop the thread and close the store, waiting at most ``timeout`` (a dead store's client may take
+        seconds to give up)."""
         inner, self._inner, self.state = self._inner, None, "down"
-        if inner is not None and close_store:
+        if inner is not None:
             self._jobs.put((inner.close, Future()))
         self._jobs.put(None)
         self._thread.join(self.timeout)
