@@ -25,6 +25,8 @@ from engine.mem.store_writer import StoreWriter, batches
 
 log = logging.getLogger(__name__)
 MEMO_TOKENS = 1 << 20  # prompts' store keys remembered, in tokens (a few MB)
+LOOKUP_TTL_S = 0.5  # a store lookup's answer is reused this long, unless this worker wrote to the store since (a
+LOOKUPS_KEPT = 4096  # request queued behind others is matched every step: a lookup each would cost a round trip)
 
 
 @dataclass
@@ -43,7 +45,8 @@ class HiCacheStats:
 
 class HostTier:
     def __init__(self, host: HostPool, kv: KVPool, device: PageAllocator, write_policy: str = "write_through",
-                 write_threshold: int = 2, store: PageStore | None = None, namespace: bytes = b"") -> None:
+                 write_threshold: int = 2, store: PageStore | None = None, namespace: bytes = b"",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if write_policy not in HICACHE_WRITE_POLICIES:
             raise ValueError(f"write policy {write_policy!r} is not one of {', '.join(HICACHE_WRITE_POLICIES)}")
         self.host = host
@@ -57,6 +60,8 @@ class HostTier:
         self._key_memo: OrderedDict[tuple[str | None, tuple[int, ...]], list[str]] = OrderedDict()
         self._memo_tokens = 0
         self._bad: set[str] = set()  # store keys found missing or corrupt since: rewrite them
+        self._clock = clock
+        self._lookups: OrderedDict[tuple[str, str], tuple[float, int, int]] = OrderedDict()  # -> (t, written, n)
         self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
         self._loading_since: float | None = None
 
@@ -126,12 +131,20 @@ class HostTier:
         keys = self._keys(extra_key, tokens)[first_page:]
         if not keys:
             return []
+        memo, now = (keys[0], keys[-1]), self._clock()  # chained keys: the pair names the whole run
+        written = self.writer.stored_tokens if self.writer is not None else 0
+        if (seen := self._lookups.get(memo)) is not None and now - seen[0] < LOOKUP_TTL_S and seen[1] == written:
+            return keys[:seen[2]]
         try:
             present = self.store.exists(keys)
         except StoreError as e:
             self._failed("lookup", e)
             return []
         n = present.index(False) if False in present else len(keys)
+        self._lookups[memo] = (now, written, n)
+        self._lookups.move_to_end(memo)
+        if len(self._lookups) > LOOKUPS_KEPT:
+            self._lookups.popitem(last=False)
         return keys[:n]
 
     def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int]) -> bool:
@@ -171,6 +184,7 @@ class HostTier:
                 data = unseal(entry, size)
                 if data is None:
                     self.stats.store_misses += 1
+                    self._lookups.clear()  # what the lookups said is out of date
                     if entry is None:  # gone since the lookup (evicted): nothing to repair
                         log.info("hicache store entry %s went away after its lookup: recomputing from there", key)
                     else:  # short or corrupt: replace it with the recomputed page
