@@ -38,6 +38,7 @@ from engine.spec import Drafter, Speculator, create_drafter, draft_rows, split_r
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+LOAD_POLL_S = 0.002  # how often the engine thread looks for finished load-backs while nothing else can run
 
 
 @dataclass
@@ -205,10 +206,11 @@ class EngineCore:
         return self.scheduler.has_work or self.scheduler.has_pending
 
     def idle_wait(self) -> float | None:
-        """How long the engine thread may wait for new commands: 0 with work to compute, the role's poll
-        interval while only transfers are pending, None (indefinitely) when idle."""
+        """How long the engine thread may wait for new commands: 0 with work to compute (LOAD_POLL_S when all of
+        it waits for prefixes loading from a lower cache tier), the role's poll interval while only transfers
+        are pending, None (indefinitely) when idle."""
         if self.scheduler.has_work:
-            return 0.0
+            return LOAD_POLL_S if self.scheduler.idle_on_loads else 0.0
         return self.role.poll_interval_s if self.scheduler.has_pending else None
 
     # -- one iteration -----------------------------------------------------------------------------------------
@@ -351,6 +353,8 @@ class EngineCore:
             if all(r.finished for r in reqs):
                 return
             self.step()
+            if self.scheduler.idle_on_loads:
+                time.sleep(LOAD_POLL_S)
         raise RuntimeError(f"requests did not finish within {max_steps} steps")
 
     # -- what a worker role may do with its requests (engine/role.py) ----------------------------------------------

@@ -61,6 +61,7 @@ class Request:
     kv_ticket: KVTicket | None = None  # set by a worker role's prepare hook when the KV travels
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     retractions: int = 0
+    prefix_loads: int = 0  # HiCache load-backs started for it
 
     # timing (monotonic seconds)
     first_token_time: float | None = None

@@ -20,6 +20,7 @@ class MatchResult:
     host_tokens: int = 0  # tokens in lower tiers (host nodes, then stored pages)
     stored_keys: tuple[str, ...] = ()  # pages after the tree's match that the shared store (L3) holds
     stored_tokens: tuple[int, ...] = ()  # their token ids
+    pending: bool = False  # the match reaches what a load in flight brings into the pool: ask again after it
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +44,18 @@ class PrefixCache(ABC):
         """Copy the part of ``match`` that lives in lower tiers into the device pool (as far as it has room);
         returns the longer match. Caches without tiers have nothing to load."""
         return match
+
+    def start_load(self, match: MatchResult) -> bool:
+        """Start that copy in the background (``finish_loads`` completes it); False if nothing started."""
+        return False
+
+    def finish_loads(self, wait: bool = False) -> int:
+        """Complete the background copies that are done (all of them, with ``wait``); returns how many."""
+        return 0
+
+    @property
+    def loads_in_flight(self) -> int:
+        return 0
 
     @abstractmethod
     def insert(self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,

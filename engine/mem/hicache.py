@@ -1,12 +1,15 @@
 """HiCache's host tier as the radix tree sees it: the L2 pool, the device pool it copies to and from, the
 device allocator load-back takes pages from, the write policy, and the counters /metrics reports. The tree
-decides what moves where (engine/mem/radix_cache.py); this object moves it and counts it."""
+decides what moves where (engine/mem/radix_cache.py); this object moves it and counts it. Load-backs copy on
+one loader thread (``start_load``) and are counted when the tree takes their pages (``finish_load``): the
+loader touches only the load's own pages and the store, never the tree or the counters."""
 from __future__ import annotations
 
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,18 @@ class HiCacheStats:
     load_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))  # drained by metrics
 
 
+@dataclass
+class LoadOutcome:
+    """What one load's copies did on the loader thread, for the engine thread to account (``finish_load``)."""
+
+    host_bytes: int = 0  # copied L2 -> L1
+    stored: int = 0  # stored entries copied into the load's pages, in order
+    misses: int = 0  # an entry missing, short or corrupt ended the read
+    corrupt: str | None = None  # its key, if it was there but bad (rewritten by the next write of that page)
+    failure: StoreError | None = None  # the store failed the read
+    seconds: float = 0.0
+
+
 class HostTier:
     def __init__(self, host: HostPool, kv: KVPool, device: PageAllocator, write_policy: str = "write_through",
                  write_threshold: int = 2, store: PageStore | None = None, namespace: bytes = b"",
@@ -59,11 +74,11 @@ class HostTier:
         self.stats = HiCacheStats()
         self._key_memo: OrderedDict[tuple[str | None, tuple[int, ...]], list[str]] = OrderedDict()
         self._memo_tokens = 0
-        self._bad: set[str] = set()  # store keys found missing or corrupt since: rewrite them
+        self._bad: set[str] = set()  # store keys found corrupt since: misses until this worker rewrites them
         self._clock = clock
         self._lookups: OrderedDict[tuple[str, str], tuple[float, int, int]] = OrderedDict()  # -> (t, written, n)
         self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
-        self._loading_since: float | None = None
+        self._loader: ThreadPoolExecutor | None = None
 
     # -- what the tree asks ------------------------------------------------------------------------------------
     def mirrors(self, hits: int) -> bool:
@@ -92,17 +107,42 @@ class HostTier:
         self.stats.written_bytes += self.host.save(self.kv, device_pages, host_pages)
         self.stats.written_tokens += len(host_pages) * self.host.shape.page_size
 
-    def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
-        if self._loading_since is None:
-            self._loading_since = time.perf_counter()
-        self.stats.loaded_bytes += self.host.load(self.kv, host_pages, device_pages)
+    def start_load(self, copies: Sequence[tuple[Sequence[int], Sequence[int]]], keys: Sequence[str],
+                   pages: Sequence[int]) -> Future[LoadOutcome]:
+        """``copy_in`` on the loader thread (one thread: loads run in the order they start, and at most one copy
+        competes with the engine's step for the cores and memory bandwidth)."""
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-load")
+        return self._loader.submit(self.copy_in, copies, keys, pages)
 
-    def loaded(self, tokens: int) -> None:
-        """One load-back finished with ``tokens`` loaded (its copies were ``load`` calls since the last one)."""
-        if self._loading_since is not None:
-            self.stats.load_seconds.append(time.perf_counter() - self._loading_since)
-            self._loading_since = None
-        self.stats.loaded_tokens += tokens
+    def copy_in(self, copies: Sequence[tuple[Sequence[int], Sequence[int]]], keys: Sequence[str],
+                pages: Sequence[int]) -> LoadOutcome:
+        """Copy each (host pages, device pages) pair in order, then the stored entries ``keys`` into ``pages``
+        until the first missing, corrupt or failed one. Touches only the pages named and the store, so it may
+        run off the engine thread while the pages are the caller's alone."""
+        start, out = time.perf_counter(), LoadOutcome()
+        with torch.inference_mode():  # the pool may be an inference tensor; the mode is per thread
+            for host_pages, device_pages in copies:
+                out.host_bytes += self.host.load(self.kv, host_pages, device_pages)
+            if keys:
+                self._read(keys, pages, out)
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def finish_load(self, out: LoadOutcome, host_tokens: int) -> None:
+        """Account a finished load on the engine thread; ``host_tokens`` of its L2 copies reached the tree."""
+        s = self.stats
+        s.loaded_bytes += out.host_bytes
+        s.loaded_tokens += host_tokens
+        s.store_loaded_tokens += out.stored * self.host.shape.page_size
+        s.store_misses += out.misses
+        s.load_seconds.append(out.seconds)
+        if out.failure is not None:
+            self._failed("read", out.failure)
+        if out.misses:
+            self._lookups.clear()  # what the lookups said is out of date
+        if out.corrupt is not None and len(self._bad) < 65536:
+            self._bad.add(out.corrupt)  # the next write of this page overwrites whatever is there
 
     # -- the shared store (L3) -------------------------------------------------------------------------------
     def _keys(self, extra_key: str | None, tokens: Sequence[int]) -> list[str]:
@@ -140,6 +180,7 @@ class HostTier:
         except StoreError as e:
             self._failed("lookup", e)
             return []
+        present = [p and k not in self._bad for k, p in zip(keys, present)]  # a corrupt entry not yet replaced
         n = present.index(False) if False in present else len(keys)
         self._lookups[memo] = (now, written, n)
         self._lookups.move_to_end(memo)
@@ -162,51 +203,52 @@ class HostTier:
         return True
 
     def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
-        """Copy stored pages into ``device_pages`` in order; returns how many, stopping at the first missing,
-        corrupt or failed one, or when the reads have taken the store's deadline in all."""
+        """Copy stored pages into ``device_pages`` in order, on this thread; returns how many (see ``_read``)."""
+        out = LoadOutcome()
+        self._read(keys, device_pages, out)
+        self.finish_load(out, 0)
+        return out.stored
+
+    def _read(self, keys: Sequence[str], device_pages: Sequence[int], out: LoadOutcome) -> None:
+        """Copy stored pages into ``device_pages`` in order, stopping at the first missing, corrupt or failed
+        one, or when the reads have taken the store's deadline in all; ``out`` says how far it got and why."""
         assert self.store is not None
-        if self._loading_since is None:
-            self._loading_since = time.perf_counter()
-        size, n = self._entry_bytes(), 0
+        size = self._entry_bytes()
         budget = time.monotonic() + getattr(self.store, "timeout", 60.0)
         for batch in batches(list(zip(keys, device_pages)), size, self.store.max_batch_bytes):
-            if n and time.monotonic() > budget:
-                break  # a slow store: recompute the rest rather than hold the engine call after call
+            if out.stored and time.monotonic() > budget:
+                return  # a slow store: recompute the rest rather than hold the load on it
             try:
                 entries = self.store.get([k for k, _ in batch])
             except StoreError as e:
-                self._failed("read", e)
-                return n
+                out.failure = e
+                return
             if len(entries) != len(batch):
-                self._failed("read", StoreError(f"{len(entries)} entries for {len(batch)} keys"))
-                return n
+                out.failure = StoreError(f"{len(entries)} entries for {len(batch)} keys")
+                return
             for (key, page), entry in zip(batch, entries):
                 data = unseal(entry, size)
                 if data is None:
-                    self.stats.store_misses += 1
-                    self._lookups.clear()  # what the lookups said is out of date
+                    out.misses += 1
                     if entry is None:  # gone since the lookup (evicted): nothing to repair
                         log.info("hicache store entry %s went away after its lookup: recomputing from there", key)
                     else:  # short or corrupt: replace it with the recomputed page
                         log.warning("hicache store entry %s is corrupt: recomputing from there", key)
-                        self._forget(key)
-                    return n
+                        out.corrupt = key
+                        self._delete(key, out)
+                    return
                 self._set_page(page, data)
-                self.stats.store_loaded_tokens += self.host.shape.page_size
-                n += 1
-        return n
+                out.stored += 1
 
     def _entry_bytes(self) -> int:
         view = self._page_view(0)
         return view.numel() * view.element_size()
 
-    def _forget(self, key: str) -> None:
-        if len(self._bad) < 65536:
-            self._bad.add(key)  # the next write of this page overwrites whatever is there
+    def _delete(self, key: str, out: LoadOutcome) -> None:
         try:
             self.store.delete([key])
         except StoreError as e:
-            self._failed("delete", e)
+            out.failure = e
 
     def _page_view(self, page: int):  # noqa: ANN202 - a tensor view
         ps = self.host.shape.page_size
@@ -234,7 +276,10 @@ class HostTier:
                 "store_writes_dropped": w.dropped if w else 0}
 
     def close(self) -> None:
-        """Finish queued store writes (briefly) and close the store, unless a write is still running on it."""
+        """Finish the load in flight, then queued store writes (briefly), and close the store, unless a write is
+        still running on it."""
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
         if self.writer is not None and not self.writer.close():
             log.warning("hicache store writer still busy at shutdown: leaving the store client open")
         elif self.store is not None:

@@ -13,19 +13,27 @@ least one tier. L1-resident nodes form a prefix of every root-to-leaf path: evic
 and load-back promotes from the top. Evicting an L1 node demotes it (write_back copies it to L2 then; under
 write_through every inserted node was mirrored already; write_through_selective mirrors a node once it was
 inserted ``write_threshold`` times). ``match_prefix`` reports the L2-only continuation of a match and
-``load_back`` copies it into fresh L1 pages. L2 is full: mirrors of L1 nodes and L2-only leaves are dropped in
-LRU order (``host_ref`` protects a node being loaded). With a shared store (L3) under the host tier, a node
-is written there when it reaches L2, and a match continues past the tree with the pages the store holds
-(``load_back`` reads them into a new node). Access times are a logical clock, so behaviour is deterministic."""
+``start_load`` copies it into fresh L1 pages on the tier's loader thread: the pages belong to the load (a
+``LoadTicket``) until ``finish_loads``, on the engine thread, attaches them (``load_back`` does both at once). A
+node being loaded keeps its L2 pages (``host_ref``), its L1 parent is locked, and a match that reaches it is
+``pending`` (it stops there, splitting nothing); an insert meanwhile gives it the inserter's pages and the
+load's copy goes back. L2 is full: mirrors of L1 nodes and L2-only leaves are dropped in LRU order, never a
+node being loaded. With a shared store (L3) under the host tier, a node is written there when it reaches L2,
+and a match continues past the tree with the pages the store holds (a load reads them into a new node). Access
+times are a logical clock, so behaviour is deterministic."""
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Callable, Sequence
 
 from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
 from engine.mem.hicache import HostTier
-from engine.mem.tree_node import PageKey, TreeNode
+from engine.mem.tree_check import check_tree, tree_entries
+from engine.mem.tree_node import LoadTicket, PageKey, TreeNode
+
+log = logging.getLogger(__name__)
 
 
 class RadixCache(PrefixCache):
@@ -43,6 +51,8 @@ class RadixCache(PrefixCache):
         self._clock = 0
         self._evictable = 0
         self._protected = 0
+        self._loads: list[LoadTicket] = []  # load-backs in flight, oldest first
+        self._stored_loads: dict[tuple[int, PageKey], LoadTicket] = {}  # (id of the node, first page) -> load
 
     # -- queries -----------------------------------------------------------------------------------------------
     @property
@@ -86,10 +96,13 @@ class RadixCache(PrefixCache):
         node = last_l1 = self._root(extra_key)
         pages: list[int] = []
         host_nodes: list[TreeNode] = []
-        i = 0
+        i, pending = 0, False
         while i < limit:
             child = node.children.get(self._page_key(key, i))
             if child is None:
+                break
+            if child.loading is not None and not child.pages:
+                pending = True  # a load is bringing it into L1: the caller waits for it (no split meanwhile)
                 break
             common = self._common(child.key, key, i)
             if common < len(child.key):
@@ -102,84 +115,123 @@ class RadixCache(PrefixCache):
                 host_nodes.append(child)  # L2 only, and so is everything below it
             node = child
             i += common
+        pending = pending or (i < limit and (id(node), self._page_key(key, i)) in self._stored_loads)
         lower = sum(len(n.key) for n in host_nodes)
         stored: list[str] = []
-        if self.tier is not None and self.tier.store is not None and i < limit:
+        if self.tier is not None and self.tier.store is not None and i < limit and not pending:
             stored = self.tier.stored_run(extra_key, key[:limit], i // self.page_size)
             lower += len(stored) * self.page_size
         return MatchResult(pages, last_l1, self.page_size, tuple(host_nodes), lower, tuple(stored),
-                           tuple(key[i:i + len(stored) * self.page_size]))
+                           tuple(key[i:i + len(stored) * self.page_size]), pending)
+
+    # -- load-back (HiCache) ---------------------------------------------------------------------------------------
+    @property
+    def loads_in_flight(self) -> int:
+        return len(self._loads)
+
+    def start_load(self, match: MatchResult) -> bool:
+        """Start copying the match's L2-only continuation, then the pages the store holds after it, into fresh L1
+        pages (as far as L1 has room, evicting unlocked entries) on the tier's loader thread; the tree takes them
+        in ``finish_loads``. Meanwhile the match's L1 part is locked, the L2 part's host pages are kept
+        (``host_ref``) and a match that reaches them is ``pending``. False if nothing could start."""
+        tier = self.tier
+        if tier is None or match.pending or not (match.host_nodes or match.stored_keys):
+            return False
+        self.inc_lock(match.node)  # the L1 part must not be demoted to make room, nor while the copies run
+        for n in match.host_nodes:  # nor the L2 part dropped
+            n.host_ref += 1
+        parts: list[tuple[TreeNode, list[int]]] = []
+        for n in match.host_nodes:
+            assert not n.pages and n.host is not None and n.loading is None
+            if tier.device_available() < len(n.host):
+                self.evict((len(n.host) - tier.device_available()) * self.page_size)
+            new = tier.alloc_device(len(n.host))
+            if new is None:
+                break
+            parts.append((n, new))
+        for n in match.host_nodes[len(parts):]:
+            n.host_ref -= 1
+        stored_at = parts[-1][0] if parts else match.node
+        ticket = LoadTicket(match.node, parts, stored_at)
+        if match.stored_keys and len(parts) == len(match.host_nodes):  # every L2 node loads: the store goes on
+            need = len(match.stored_keys)
+            if tier.device_available() < need:
+                self.evict((need - tier.device_available()) * self.page_size)
+            got = tier.alloc_device(min(need, tier.device_available())) or []
+            if got:
+                ticket.stored_keys, ticket.stored_pages = match.stored_keys[:len(got)], got
+                ticket.stored_tokens = match.stored_tokens[:len(got) * self.page_size]
+                self._stored_loads[(id(stored_at), self._page_key(ticket.stored_tokens, 0))] = ticket
+        if not ticket.pages():
+            self.dec_lock(match.node)
+            return False
+        for n, _ in parts:
+            n.loading = ticket
+        ticket.future = tier.start_load([(n.host or [], new) for n, new in parts], ticket.stored_keys,
+                                        ticket.stored_pages)
+        self._loads.append(ticket)
+        return True
+
+    def finish_loads(self, wait: bool = False) -> int:
+        """Hand the pages of every finished load (every load, waiting for them, with ``wait``) to the tree;
+        returns how many loads finished."""
+        done = [t for t in self._loads if wait or (t.future is not None and t.future.done())]
+        for t in done:
+            self._finish(t)
+        return len(done)
+
+    def _finish(self, t: LoadTicket) -> tuple[TreeNode, list[int]]:
+        """Attach a load's pages where their nodes still lack L1 pages (a node that got pages meanwhile from an
+        insert keeps those; the load's copies go back), the stored pages as a new child unless one was
+        inserted there; returns the deepest node now in L1 and the pages it took, in order."""
+        assert self.tier is not None and t.future is not None
+        self._loads.remove(t)
+        try:
+            out = t.future.result()
+        except Exception:  # noqa: BLE001 - a bug in a copy: the prefix is recomputed, the engine goes on
+            log.exception("hicache load-back failed; recomputing the prefix")
+            out = None
+        node, taken, tokens = t.parent, [], 0
+        for n, pages in t.parts:
+            n.host_ref -= 1
+            n.loading = None
+            if out is not None and not n.pages:
+                assert n.parent is node
+                n.pages = pages
+                self._evictable += len(n.key)
+                tokens += len(n.key)
+            else:
+                self._free_pages(pages)
+            if out is not None:
+                node = n
+                taken.extend(n.pages)
+        if t.stored_pages:
+            first = self._page_key(t.stored_tokens, 0)
+            del self._stored_loads[(id(t.stored_at), first)]
+            got = 0 if out is None else out.stored
+            if got and node is t.stored_at and first not in node.children:
+                child = TreeNode(tuple(t.stored_tokens[:got * self.page_size]), t.stored_pages[:got], node)
+                child.stored = True
+                self._touch(child)
+                node.children[first] = child
+                self._evictable += len(child.key)
+                self._mirror(child)
+                node = child
+                taken.extend(child.pages)
+                self._free_pages(t.stored_pages[got:])
+            else:
+                self._free_pages(t.stored_pages)
+        self.dec_lock(t.parent)
+        if out is not None:
+            self.tier.finish_load(out, tokens)
+        return node, taken
 
     def load_back(self, match: MatchResult) -> MatchResult:
-        """Copy the match's L2-only continuation, then the pages the shared store holds after it, into fresh L1
-        pages (as far as L1 has room, evicting unlocked entries); returns the match extended by what was loaded."""
-        if not (match.host_nodes or match.stored_keys) or self.tier is None:
+        """``start_load`` and wait for it here: returns the match extended by what was loaded."""
+        if not self.start_load(match):
             return match
-        tier = self.tier
-        self.inc_lock(match.node)  # the L1 part must not be demoted to make room
-        for n in match.host_nodes:
-            n.host_ref += 1
-        pages, node, loaded = list(match.pages), match.node, 0
-        try:
-            for n in match.host_nodes:
-                assert not n.pages and n.host is not None and n.parent is node
-                need = len(n.host)
-                if tier.device_available() < need:
-                    self.evict((need - tier.device_available()) * self.page_size)
-                new = tier.alloc_device(need)
-                if new is None:
-                    break
-                try:
-                    tier.load(n.host, new)
-                except BaseException:
-                    self._free_pages(new)
-                    raise
-                n.pages = new
-                self._evictable += len(n.key)
-                self.inc_lock(n)  # hold it while its children load (dropped with the rest below)
-                self.dec_lock(node)
-                pages.extend(new)
-                node, loaded = n, loaded + len(n.key)
-            else:  # every L2 node came back: the store may continue the match
-                if match.stored_keys:
-                    node, got = self._load_stored(node, match)
-                    pages.extend(got)
-        finally:
-            self.dec_lock(node)
-            for n in match.host_nodes:
-                n.host_ref -= 1
-        tier.loaded(loaded)
-        return MatchResult(pages, node, self.page_size)
-
-    def _load_stored(self, node: TreeNode, match: MatchResult) -> tuple[TreeNode, list[int]]:
-        """Read the match's stored pages into fresh L1 pages as a new child of ``node`` (locked in its place);
-        returns the deepest node and the pages loaded (fewer than asked where an entry was missing or bad)."""
-        tier = self.tier
-        assert tier is not None
-        need = len(match.stored_keys)
-        if tier.device_available() < need:
-            self.evict((need - tier.device_available()) * self.page_size)
-        new = tier.alloc_device(min(need, tier.device_available())) or []
-        try:
-            got = tier.read_store(match.stored_keys, new) if new else 0
-        except BaseException:
-            self._free_pages(new)
-            raise
-        assert got <= len(new)
-        first = self._page_key(match.stored_tokens, 0)
-        if got == 0 or first in node.children:
-            self._free_pages(new)
-            return node, []
-        self._free_pages(new[got:])
-        child = TreeNode(tuple(match.stored_tokens[:got * self.page_size]), new[:got], node)
-        child.stored = True
-        self._touch(child)
-        node.children[first] = child
-        self._evictable += len(child.key)
-        self.inc_lock(child)
-        self.dec_lock(node)
-        self._mirror(child)
-        return child, new[:got]
+        node, taken = self._finish(self._loads[-1])
+        return MatchResult(list(match.pages) + taken, node, self.page_size)
 
     # -- updates -----------------------------------------------------------------------------------------------
     def insert(self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,
@@ -227,6 +279,9 @@ class RadixCache(PrefixCache):
         upper = TreeNode(child.key[:at], child.pages[:cut], parent)
         upper.lock_ref, upper.host_ref, upper.last_access, upper.hits, upper.priority, upper.stored = (
             child.lock_ref, child.host_ref, child.last_access, child.hits, child.priority, child.stored)
+        upper.loading = child.loading
+        if child.loading is not None:
+            child.loading.split(child, upper, cut)
         if child.host is not None:
             upper.host, child.host = child.host[:cut], child.host[cut:]
         child.key = child.key[at:]
@@ -261,7 +316,7 @@ class RadixCache(PrefixCache):
             return (node.priority, node.last_access)
         return (node.last_access,)
 
-    def _nodes(self) -> list[TreeNode]:
+    def nodes(self) -> list[TreeNode]:
         out, stack = [], list(self._roots.values())
         while stack:
             node = stack.pop()
@@ -279,7 +334,7 @@ class RadixCache(PrefixCache):
         unless not ``demote``)."""
         if num_tokens <= 0 or self._evictable == 0:
             return 0
-        heap = [(self._order(n), n) for n in self._nodes() if n.lock_ref == 0 and self._l1_leaf(n)]
+        heap = [(self._order(n), n) for n in self.nodes() if n.lock_ref == 0 and self._l1_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < num_tokens:
@@ -348,7 +403,7 @@ class RadixCache(PrefixCache):
         def droppable(n: TreeNode) -> bool:
             return n.host is not None and n.host_ref == 0 and n is not keep and (bool(n.pages) or not n.children)
 
-        heap = [(n.last_access, n) for n in self._nodes() if droppable(n)]
+        heap = [(n.last_access, n) for n in self.nodes() if droppable(n)]
         heapq.heapify(heap)
         freed = 0
         assert self.tier is not None
@@ -367,16 +422,18 @@ class RadixCache(PrefixCache):
                     heapq.heappush(heap, (parent.last_access, parent))
 
     def flush(self) -> int:
-        """Evict everything unlocked from L1 and drop every L2 copy; returns L1 tokens freed."""
+        """Finish the loads in flight, evict everything unlocked from L1 and drop every L2 copy; returns L1 tokens
+        freed."""
+        self.finish_loads(wait=True)
         freed = self.evict(self._evictable, demote=False)
         if self.tier is None:
             return freed
-        for node in self._nodes():  # the topmost L2-only nodes, each with its subtree
+        for node in self.nodes():  # the topmost L2-only nodes, each with its subtree
             parent = node.parent
             assert parent is not None
             if not node.pages and (parent.parent is None or parent.pages):
                 self._drop(node)
-        for node in self._nodes():
+        for node in self.nodes():
             if node.host is not None:
                 self.tier.free_host(node.host)
                 node.host = None
@@ -384,42 +441,16 @@ class RadixCache(PrefixCache):
 
     def entries(self) -> list[tuple[str | None, PageKey, list[int], list[int] | None]]:
         """Every node as (namespace, tokens from the root through it, its L1 pages, its L2 pages)."""
-        out = []
-        stack = [(ns, (), r) for ns, r in self._roots.items()]
-        while stack:
-            ns, prefix, node = stack.pop()
-            for child in node.children.values():
-                key = prefix + child.key
-                out.append((ns, key, list(child.pages), None if child.host is None else list(child.host)))
-                stack.append((ns, key, child))
-        return out
+        return tree_entries(self._roots)
 
     def owned_pages(self) -> list[int]:
-        return [p for n in self._nodes() for p in n.pages]
+        return [p for n in self.nodes() for p in n.pages] + [p for t in self._loads for p in t.pages()]
 
     def host_owned_pages(self) -> list[int]:
-        return [p for n in self._nodes() for p in (n.host or ())]
+        return [p for n in self.nodes() for p in (n.host or ())]
 
     def check_invariants(self) -> None:
         """Recompute sizes and structure from scratch and compare (used by tests)."""
-        evictable = protected = 0
-        for node in self._nodes():
-            assert len(node.key) > 0 and len(node.key) % self.page_size == 0
-            pages = len(node.key) // self.page_size
-            assert len(node.pages) in (0, pages) and (node.host is None or len(node.host) == pages)
-            assert node.pages or node.host is not None, "a node in no tier"
-            assert node.lock_ref >= 0 and node.host_ref >= 0
-            assert node.parent is not None and node.parent.children[node.key[:self.page_size]] is node
-            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), \
-                "children hold more locks than their parent"
-            if not node.pages:
-                assert node.lock_ref == 0, "a locked node is out of L1"
-                assert not any(c.pages for c in node.children.values()), "an L1 node below an L2-only one"
-            elif node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-        assert (evictable, protected) == (self._evictable, self._protected), (
-            f"sizes drifted: tree has {evictable}/{protected}, counters {self._evictable}/{self._protected}")
+        check_tree(self._roots, self.page_size, (self._evictable, self._protected), self._loads)
         if self.tier is not None:
             self.tier.check_integrity(self.host_owned_pages())

@@ -9,6 +9,9 @@ from engine.mem.base import MatchResult, PrefixCache
 from engine.request import Request
 
 
+PREFIX_LOADS = 2  # load-backs one request may start: a prefix evicted again before admission is then recomputed
+
+
 def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
@@ -30,9 +33,23 @@ class KVManager:
 
     def match(self, req: Request, load: bool = False) -> MatchResult:
         """Longest cached prefix, leaving at least one token to compute (its logits give the next token). With
-        ``load``, the part of it in a lower cache tier is copied into the pool first (HiCache)."""
+        ``load``, the part of it in a lower cache tier is copied into the pool first, here (HiCache)."""
         match = self.cache.match_prefix(self._key(req), req.extra_key)
+        if load and match.pending:  # another request's load brings part of it: wait for that too
+            self.cache.finish_loads(wait=True)
+            match = self.cache.match_prefix(self._key(req), req.extra_key)
         return self.cache.load_back(match) if load and match.host_tokens else match
+
+    def match_or_load(self, req: Request) -> MatchResult | None:
+        """The longest cached prefix, or None while part of it is being loaded from a lower tier in the
+        background (a load this starts, or another request's): ask again at the next admission."""
+        match = self.cache.match_prefix(self._key(req), req.extra_key)
+        if match.pending:
+            return None
+        if match.host_tokens and req.prefix_loads < PREFIX_LOADS and self.cache.start_load(match):
+            req.prefix_loads += 1
+            return None
+        return match
 
     def reserve(self, pages: int) -> bool:
         """Make ``pages`` free pages available, evicting unlocked cache entries if needed."""

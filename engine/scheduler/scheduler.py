@@ -38,6 +38,7 @@ class Scheduler:
         self.held: list[Request] = []  # finished, pages still used from outside (hold_kv)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_retractions = 0
+        self.idle_on_loads = False  # the last schedule() found nothing to compute until a load finishes
 
     # -- queue management --------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -81,8 +82,8 @@ class Scheduler:
 
     @property
     def has_pending(self) -> bool:
-        """Something waiting on a transfer."""
-        return bool(self.kv_queue or self.prealloc or self.held)
+        """Something waiting on a transfer, or on a prefix being loaded from a lower cache tier."""
+        return bool(self.kv_queue or self.prealloc or self.held or self.kv.cache.loads_in_flight)
 
     # -- KV written or read from outside ---------------------------------------------------------------------------
     def add_for_transfer(self, req: Request) -> None:
@@ -150,6 +151,7 @@ class Scheduler:
 
     # -- scheduling --------------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
+        self.kv.cache.finish_loads()  # prefixes loaded since the last step join the cache
         self._reserve_decode_pages()
         seqs: list[ScheduledSeq] = []
         budget = self.cfg.max_prefill_tokens
@@ -162,6 +164,7 @@ class Scheduler:
                 seqs.append(ScheduledSeq(req, req.kv_len, n, n == req.remaining))
                 budget -= n
         budget = self._admit(seqs, budget)
+        self.idle_on_loads = not seqs and self.kv.cache.loads_in_flight > 0
         return ScheduledBatch(seqs) if seqs else None
 
     @staticmethod
@@ -214,7 +217,9 @@ class Scheduler:
             leader = req.group_leader
             if leader is not None and not (leader.prefill_done or leader.finished):
                 continue  # n > 1: wait for the leader's prompt to be cached, then share its pages
-            match = self.kv.match(req, load=True)
+            match = self.kv.match_or_load(req)
+            if match is None:
+                continue  # its prefix is loading: it waits in the queue, the requests behind it go on
             n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == self.cfg.max_prefill_tokens)
             if n == 0:
                 break

@@ -1,10 +1,12 @@
 """HiCache's tree over a real device pool and host pool, driven by seeded random streams of insert / match /
-load-back / lock / unlock / evict, checked after every step:
+load-back (waited for, or started on the loader thread and finished some steps later) / lock / unlock /
+evict, checked after every step:
 
 - structure, counters and both allocators agree (each page free or owned once, in the tier the tree says);
 - every page the tree names, in either tier, holds the KV written for exactly that prefix (the pages carry a
   value derived from (namespace, tokens through the page), so a copy to the wrong page or a stale page fails);
 - a locked match keeps its L1 pages (never demoted or freed);
+- a load in flight owns its pages (counted by the integrity check) and a match that reaches it is pending;
 - with a host tier large enough for everything, nothing is ever lost: every inserted prefix is still matched
   in full (L1 + L2), whatever L1 evicted; with a small one, what is matched is still right."""
 from __future__ import annotations
@@ -92,14 +94,20 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
           lock=st.booleans())
     def match(self, ns: str | None, stem: int, tail: list[int], load: bool, lock: bool) -> None:
         key = STEMS[stem] + tuple(tail)
-        if self.tier.writer is not None:
-            assert self.tier.writer.drain()  # store writes run behind: wait, so the model is exact
+        self._drain()
+        if load:
+            self.cache.finish_loads(wait=True)  # as the scheduler's synchronous path does when a match is pending
         peeked = self.cache.cached_length(key, ns)
         result = self.cache.match_prefix(key, ns)
         tree_tokens = result.num_tokens + sum(len(n.key) for n in result.host_nodes)
-        assert peeked == tree_tokens, "cached_length disagrees with the match over the tree's tiers"
-        if self.host_pages >= 200:
-            assert result.num_tokens + result.host_tokens == self._expected(ns, key), "a prefix was lost"
+        found = result.num_tokens + result.host_tokens
+        if result.pending:  # the match stops where a load in flight is bringing pages in
+            assert not result.host_nodes and not result.stored_keys and peeked >= tree_tokens
+            assert found <= self._expected(ns, key)
+        else:
+            assert peeked == tree_tokens, "cached_length disagrees with the match over the tree's tiers"
+            if self.host_pages >= 200:
+                assert found == self._expected(ns, key), "a prefix was lost"
         if load:
             total = result.num_tokens + result.host_tokens
             result = self.cache.load_back(result)
@@ -113,6 +121,29 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
             self.cache.inc_lock(result.node)
             self.locks.append((result, ns, key[: result.num_tokens]))
 
+    @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens)
+    def start_load(self, ns: str | None, stem: int, tail: list[int]) -> None:
+        key = STEMS[stem] + tuple(tail)
+        self._drain()
+        result = self.cache.match_prefix(key, ns)
+        before = self.cache.loads_in_flight
+        started = self.cache.start_load(result)
+        assert self.cache.loads_in_flight == before + started
+        if result.pending or not (result.host_nodes or result.stored_keys):
+            assert not started, "a load started over nothing, or over another load"
+        elif started:
+            assert self.cache.match_prefix(key, ns).pending, "a match over a load in flight is not pending"
+
+    @precondition(lambda self: self.cache.loads_in_flight)
+    @rule()
+    def finish_loads(self) -> None:
+        n = self.cache.loads_in_flight
+        assert self.cache.finish_loads(wait=True) == n and self.cache.loads_in_flight == 0
+
+    def _drain(self) -> None:
+        if self.tier.writer is not None:
+            assert self.tier.writer.drain()  # store writes run behind: wait, so the model is exact
+
     @precondition(lambda self: self.locks)
     @rule(i=st.integers(min_value=0))
     def unlock(self, i: int) -> None:
@@ -125,6 +156,8 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
         assert self.cache.evict(n) >= min(n, evictable)
 
     def teardown(self) -> None:
+        self.cache.finish_loads(wait=True)
+        self.tier.close()
         if self.store_dir is not None:
             shutil.rmtree(self.store_dir, ignore_errors=True)
 
