@@ -188,19 +188,24 @@ class HostTier:
             self._lookups.popitem(last=False)
         return keys[:n]
 
-    def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int]) -> bool:
+    def write_store(self, extra_key: str | None, prefix: Sequence[int], device_pages: Sequence[int],
+                    retry: bool = False) -> int:
         """Queue the last ``len(device_pages)`` pages of ``prefix`` (whose KV they hold) for the store; the
-        engine thread only copies them (engine/mem/store_writer.py). False if the write was dropped."""
+        engine thread only copies them (engine/mem/store_writer.py). Returns the write's id, 0 if it was dropped."""
         assert self.writer is not None
         keys = self._keys(extra_key, prefix)[-len(device_pages):]
         overwrite = frozenset(k for k in keys if k in self._bad)
 
         def snapshot() -> list[torch.Tensor]:
             return [self._page_view(p).clone(memory_format=torch.contiguous_format).cpu() for p in device_pages]
-        if not self.writer.submit(keys, len(device_pages) * self._entry_bytes(), snapshot, overwrite):
-            return False
-        self._bad.difference_update(overwrite)
-        return True
+        job = self.writer.submit(keys, len(device_pages) * self._entry_bytes(), snapshot, overwrite, retry)
+        if job:
+            self._bad.difference_update(overwrite)
+        return job
+
+    def write_failed(self, job: int) -> bool:
+        """Did store write ``job`` fail, with the store up again (worth its one retry)?"""
+        return self.writer is not None and self.store_state() == "up" and self.writer.failed(job)
 
     def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
         """Copy stored pages into ``device_pages`` in order, on this thread; returns how many (see ``_read``)."""

@@ -31,7 +31,7 @@ from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
 from engine.mem.hicache import HostTier
 from engine.mem.tree_check import check_tree, tree_entries
-from engine.mem.tree_node import LoadTicket, PageKey, TreeNode
+from engine.mem.tree_node import STORED, LoadTicket, PageKey, TreeNode
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class RadixCache(PrefixCache):
             got = 0 if out is None else out.stored
             if got and node is t.stored_at and first not in node.children:
                 child = TreeNode(tuple(t.stored_tokens[:got * self.page_size]), t.stored_pages[:got], node)
-                child.stored = True
+                child.stored = STORED
                 self._touch(child)
                 node.children[first] = child
                 self._evictable += len(child.key)
@@ -368,11 +368,15 @@ class RadixCache(PrefixCache):
 
     # -- the host tier ---------------------------------------------------------------------------------------------
     def _mirror(self, node: TreeNode) -> None:
-        """Copy an L1 node to L2 now if the write policy says so (write_through, or selective past the threshold)."""
+        """Copy an L1 node to L2 now if the write policy says so (write_through, or selective past the threshold);
+        write it to the store again if its write there failed (once: a retry that fails is not retried)."""
         tier = self.tier
-        if tier is None or node.host is not None or not tier.mirrors(node.hits):
+        if tier is None:
             return
-        self._demote(node)
+        if node.stored > 0 and node.pages and tier.write_failed(node.stored):
+            self._write_store(node, retry=True)
+        if node.host is None and tier.mirrors(node.hits):
+            self._demote(node)
 
     def _demote(self, node: TreeNode) -> None:
         """Give an L1 node an L2 copy, dropping L2 entries as needed; leaves it without one if L2 is all held."""
@@ -386,8 +390,12 @@ class RadixCache(PrefixCache):
             tier.save(node.pages, slots)
             node.host = slots
         if tier.store is not None and not node.stored:
-            ns, prefix = self._path(node)
-            node.stored = tier.write_store(ns, prefix, node.pages)
+            self._write_store(node)
+
+    def _write_store(self, node: TreeNode, retry: bool = False) -> None:
+        assert self.tier is not None
+        ns, prefix = self._path(node)
+        node.stored = self.tier.write_store(ns, prefix, node.pages, retry)
 
     def _path(self, node: TreeNode) -> tuple[str | None, PageKey]:
         """``node``'s namespace and the tokens from its root through it."""

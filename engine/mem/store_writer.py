@@ -3,7 +3,8 @@
 already holds, and the writes run on this writer's own thread. A write is dropped, and counted, when more than
 ``max_queued_bytes`` are already waiting (a slow or stuck store must not grow the queue without bound; a write
 into an empty queue is always taken, however large) or when the store is not up, in both cases before the
-engine copies anything; a dropped or failed write only costs a later miss. The counters are this object's, written
+engine copies anything; a dropped or failed write only costs a later miss. A failed write is reported
+(``failed``) so the tree can retry it once, the next time the prefix is inserted. The counters are this object's, written
 by its thread alone (``dropped`` by the engine thread alone)."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +21,7 @@ from engine.mem.storage import PageStore, StoreError, seal
 
 log = logging.getLogger(__name__)
 BATCH = 16  # most pages per store call (fewer where the store's max_batch_bytes says so)
+FAILED_KEPT = 4096  # failed writes remembered for a retry
 
 
 def batches(items: Sequence, entry_bytes: int, max_batch_bytes: int) -> list[Sequence]:
@@ -35,17 +38,21 @@ class StoreWriter:
         self.stored_tokens = 0  # tokens written (writer thread)
         self.failures = 0  # writes the store refused or failed (writer thread)
         self.dropped = 0  # writes never queued: queue full or store not up (engine thread)
-        self._queue: queue.SimpleQueue[tuple[list[str], list[torch.Tensor], frozenset[str], int] | None] = (
+        self._queue: queue.SimpleQueue[tuple[int, list[str], list[torch.Tensor], frozenset[str], int] | None] = (
             queue.SimpleQueue())
+        self._jobs = 0  # ids handed out (engine thread)
+        self._retries: set[int] = set()  # jobs that are themselves retries: not retried again
+        self._failed: OrderedDict[int, None] = OrderedDict()  # failed jobs worth one retry (newest FAILED_KEPT)
         self._lock = threading.Lock()
         self._queued_bytes = 0
         self._outstanding = 0  # jobs queued or being written
         self._thread: threading.Thread | None = None
 
     def submit(self, keys: Sequence[str], size: int, snapshot: Callable[[], list[torch.Tensor]],
-               overwrite: frozenset[str]) -> bool:
+               overwrite: frozenset[str], retry: bool = False) -> int:
         """Queue the pages ``snapshot()`` copies (``size`` bytes; called only if the write is taken) to be stored
-        under ``keys``; those in ``overwrite`` replace what is there. False if dropped."""
+        under ``keys``; those in ``overwrite`` replace what is there. Returns the write's id (``failed`` tells
+        whether it failed; a ``retry`` that fails is not reported), 0 if dropped."""
         with self._lock:
             behind = self._queued_bytes
             if self.store.direct() is None or (behind and behind + size > self.max_queued_bytes):
@@ -53,14 +60,23 @@ class StoreWriter:
                 if behind:
                     log.warning("hicache store writes are %d MB behind: dropping a write of %d pages",
                                 behind >> 20, len(keys))
-                return False
+                return 0
             self._queued_bytes += size
             self._outstanding += 1
+            self._jobs += 1
+            job = self._jobs
+            if retry:
+                self._retries.add(job)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="hicache-store-writer", daemon=True)
             self._thread.start()
-        self._queue.put((list(keys), snapshot(), overwrite, size))
-        return True
+        self._queue.put((job, list(keys), snapshot(), overwrite, size))
+        return job
+
+    def failed(self, job: int) -> bool:
+        """Did write ``job`` fail (and was it not itself a retry)? Forgotten after FAILED_KEPT newer failures."""
+        with self._lock:
+            return job in self._failed
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every queued write is done (tests, shutdown); False if ``timeout`` passed first."""
@@ -82,10 +98,12 @@ class StoreWriter:
         return True
 
     def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            keys, pages, overwrite, size = job
+        while (item := self._queue.get()) is not None:
+            job, keys, pages, overwrite, size = item
+            ok = False
             try:
                 self._write(keys, pages, overwrite)
+                ok = True
             except Exception as e:  # noqa: BLE001 - any failure (the client library's own too) costs this write only
                 self.failures += 1
                 log.warning("hicache store write failed, going on without it: %s: %s", type(e).__name__, e)
@@ -93,6 +111,11 @@ class StoreWriter:
                 with self._lock:
                     self._queued_bytes -= size
                     self._outstanding -= 1
+                    if not ok and job not in self._retries:
+                        self._failed[job] = None
+                        if len(self._failed) > FAILED_KEPT:
+                            self._failed.popitem(last=False)
+                    self._retries.discard(job)
 
     def _write(self, keys: list[str], pages: list[torch.Tensor], overwrite: frozenset[str]) -> None:
         store = self.store.direct()

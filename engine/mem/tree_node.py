@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PageKey = tuple[int, ...]
+STORED = -1  # ``TreeNode.stored`` of a node read from the store: no write needed
 
 
 class TreeNode:
@@ -20,7 +21,7 @@ class TreeNode:
         self.key = key
         self.pages = pages  # L1 pages; empty when the node lives in L2 only
         self.host: list[int] | None = None  # L2 pages
-        self.stored = False  # written to the shared store (L3)
+        self.stored = 0  # its write to the shared store (L3): the writer's id, STORED if read from it, 0 if none
         self.lock_ref = 0
         self.host_ref = 0
         self.last_access = 0

@@ -1,7 +1,8 @@
 """Store writes run behind the engine (engine/mem/store_writer.py): what is stored is the page as it was when
 the write was queued, even if the pool page is reused at once; a slow store does not grow the queue past its
 bound (the rest is dropped, counted and never copied) and does not hold the caller; the queued writes land once
-it answers; one write larger than the bound still goes through an empty queue."""
+it answers; one write larger than the bound still goes through an empty queue. A write that fails is reported
+and the tree writes the prefix again, once, the next time it is inserted."""
 from __future__ import annotations
 
 import threading
@@ -14,6 +15,7 @@ from engine.mem.allocator import PageAllocator
 from engine.mem.hicache import HostTier
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool, KVShape
+from engine.mem.radix_cache import RadixCache
 from engine.mem.storage import FileStore, unseal
 from engine.mem.store_writer import StoreWriter
 
@@ -61,7 +63,7 @@ def test_a_slow_store_drops_writes_past_the_bound_and_takes_the_rest_later(tmp_p
         copied.append(i)
         return [torch.full((2, 2, 2, 1, 4), float(i))]
     accepted = [writer.submit([f"{i:040x}"], PAGE_BYTES, lambda i=i: snapshot(i), frozenset()) for i in range(5)]
-    assert accepted == [True, True, True, False, False] and writer.dropped == 2  # the caller never waited
+    assert [bool(j) for j in accepted] == [True, True, True, False, False] and writer.dropped == 2  # no waiting
     assert copied == [0, 1, 2]  # a dropped write is not even copied
     assert not writer.drain(0.05)  # the store has not answered yet
     store.gate.set()
@@ -77,11 +79,13 @@ class FlakyStore(FileStore):
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
-        self.fail = True
+        self.fail = 1
+        self.puts = 0
 
     def put(self, items: Sequence[tuple[str, bytes]], overwrite: bool = False) -> None:
+        self.puts += 1
         if self.fail:
-            self.fail = False
+            self.fail -= 1
             raise RuntimeError("the client library failed")
         super().put(items, overwrite)
 
@@ -89,8 +93,26 @@ class FlakyStore(FileStore):
 def test_a_write_that_raises_costs_that_write_only(tmp_path: Path) -> None:
     store = FlakyStore(tmp_path)
     writer = StoreWriter(store, page_tokens=2)
+    jobs = []
     for i in range(2):
-        assert writer.submit([f"{i:040x}"], PAGE_BYTES, lambda: [torch.ones(2, 2, 2, 1, 4)], frozenset())
+        jobs.append(writer.submit([f"{i:040x}"], PAGE_BYTES, lambda: [torch.ones(2, 2, 2, 1, 4)], frozenset()))
         assert writer.drain()
     assert writer.failures == 1 and writer.stored_tokens == 2 and store.exists([f"{1:040x}"]) == [True]
+    assert writer.failed(jobs[0]) and not writer.failed(jobs[1])
     assert writer.close()
+
+
+def test_a_failed_write_is_retried_once_when_the_prefix_is_inserted_again(tmp_path: Path) -> None:
+    key = (1, 2, 3, 4)
+    for failures, stored in ((1, True), (5, False)):
+        store = FlakyStore(tmp_path / str(failures))
+        store.fail = failures
+        t = tier(store)
+        cache = RadixCache(2, t.device.free, "lru", t)
+        keys = t._keys(None, key)
+        for attempt in range(3):  # the first write fails; the next insert retries it; later ones do not
+            cache.insert(key, t.device.alloc(2))
+            assert t.writer is not None and t.writer.drain()
+        assert store.exists(keys) == [stored, stored] and store.puts == 2, (failures, store.puts)
+        assert t.writer.failures == (1 if stored else 2)
+        cache.check_invariants()
