@@ -223,13 +223,15 @@ class EngineCore:
             emit(outputs)
             outputs = []
         batch = self.scheduler.schedule()
-        if batch is not None and self.spec is not None:
-            batch = self.spec.draft(batch, self.scheduler)
+        if batch is not None:
+            if self.spec is not None:
+                batch = self.spec.draft(batch, self.scheduler)
             start = time.perf_counter()
             outputs += self._run_batch(batch)
-            self.spec.observe(batch, time.perf_counter() - start)
-        elif batch is not None:
-            outputs += self._run_batch(batch)
+            seconds = time.perf_counter() - start
+            self.scheduler.observe_step(seconds)
+            if self.spec is not None:
+                self.spec.observe(batch, seconds)
         outputs += self.role.after_step(self, batch)
         self._forget_finished(outputs)
         return outputs

@@ -6,6 +6,8 @@ loader touches only the load's own pages and the store, never the tree or the co
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -51,6 +53,7 @@ class LoadOutcome:
     """What one load's copies did on the loader thread, for the engine thread to account (``finish_load``)."""
 
     host_bytes: int = 0  # copied L2 -> L1
+    host_seconds: float = 0.0  # the time those copies took
     stored: int = 0  # stored entries copied into the load's pages, in order
     misses: int = 0  # an entry missing, short or corrupt ended the read
     corrupt: str | None = None  # its key, if it was there but bad (rewritten by the next write of that page)
@@ -61,7 +64,9 @@ class LoadOutcome:
 class HostTier:
     def __init__(self, host: HostPool, kv: KVPool, device: PageAllocator, write_policy: str = "write_through",
                  write_threshold: int = 2, store: PageStore | None = None, namespace: bytes = b"",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, overlap: bool | None = None) -> None:
+        """``overlap``: whether a copy on the loader thread runs beside the step rather than taking its cores
+        (None: detect; see ``copies_overlap``)."""
         if write_policy not in HICACHE_WRITE_POLICIES:
             raise ValueError(f"write policy {write_policy!r} is not one of {', '.join(HICACHE_WRITE_POLICIES)}")
         self.host = host
@@ -79,6 +84,8 @@ class HostTier:
         self._lookups: OrderedDict[tuple[str, str], tuple[float, int, int]] = OrderedDict()  # -> (t, written, n)
         self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
         self._loader: ThreadPoolExecutor | None = None
+        self._copy_rate: float | None = None  # bytes/s of recent L2 -> L1 copies
+        self.overlap = copies_overlap(kv.data.device) if overlap is None else overlap
 
     # -- what the tree asks ------------------------------------------------------------------------------------
     def mirrors(self, hits: int) -> bool:
@@ -124,10 +131,17 @@ class HostTier:
         with torch.inference_mode():  # the pool may be an inference tensor; the mode is per thread
             for host_pages, device_pages in copies:
                 out.host_bytes += self.host.load(self.kv, host_pages, device_pages)
+            out.host_seconds = time.perf_counter() - start
             if keys:
                 self._read(keys, pages, out)
         out.seconds = time.perf_counter() - start
         return out
+
+    def copy_seconds(self, pages: int) -> float:
+        """Expected time to copy ``pages`` from L2 to L1 (at the recent copies' rate; infinite before the first)."""
+        if self._copy_rate is None:
+            return math.inf
+        return pages * self.host.page_bytes_all_layers / self._copy_rate
 
     def finish_load(self, out: LoadOutcome, host_tokens: int) -> None:
         """Account a finished load on the engine thread; ``host_tokens`` of its L2 copies reached the tree."""
@@ -137,6 +151,9 @@ class HostTier:
         s.store_loaded_tokens += out.stored * self.host.shape.page_size
         s.store_misses += out.misses
         s.load_seconds.append(out.seconds)
+        if out.host_bytes and out.host_seconds > 0:
+            rate = out.host_bytes / out.host_seconds
+            self._copy_rate = rate if self._copy_rate is None else 0.8 * self._copy_rate + 0.2 * rate
         if out.failure is not None:
             self._failed("read", out.failure)
         if out.misses:
@@ -295,6 +312,17 @@ class HostTier:
                 "host_pages_used": self.host.allocator.used,
                 "storage_backend": None if self.store is None else self.store.name,
                 "store_state": None if self.store is None else self.store_state(), **self.counters()}
+
+
+def copies_overlap(device: torch.device) -> bool:
+    """Does a host -> pool copy on its own thread run beside the model's step? On CUDA, yes (a DMA transfer);
+    on CPU only if torch's threads leave a core free, else the copy takes the step's cores: measured on the
+    2-core EPYC (benchmarks/bench_hicache_overlap.py) decoding streams gained nothing from it and the loaded
+    request's TTFT grew by a step."""
+    if device.type == "cuda":
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return torch.get_num_threads() < cores
 
 
 def open_store(cfg: CacheConfig, entry_bytes: int) -> PageStore | None:

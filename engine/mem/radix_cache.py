@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from engine.config import EngineConfigError
 from engine.mem.base import MatchResult, PrefixCache
@@ -129,14 +131,29 @@ class RadixCache(PrefixCache):
     def loads_in_flight(self) -> int:
         return len(self._loads)
 
-    def start_load(self, match: MatchResult) -> bool:
+    def start_load(self, match: MatchResult, inline_under_s: float = 0.0) -> bool:
         """Start copying the match's L2-only continuation, then the pages the store holds after it, into fresh L1
         pages (as far as L1 has room, evicting unlocked entries) on the tier's loader thread; the tree takes them
         in ``finish_loads``. Meanwhile the match's L1 part is locked, the L2 part's host pages are kept
-        (``host_ref``) and a match that reaches them is ``pending``. False if nothing could start."""
+        (``host_ref``) and a match that reaches them is ``pending``. A copy from L2 alone is made here and
+        attached at once when a background copy would not overlap the step (``tier.overlap``) or the tier
+        expects it to take under ``inline_under_s``. True if a load runs in the background."""
+        return isinstance(self._load(match, inline_under_s), LoadTicket)
+
+    def load_back(self, match: MatchResult) -> MatchResult:
+        """Load as ``start_load`` does and wait for it here: returns the match extended by what was loaded."""
+        got = self._load(match, math.inf)
+        if got is None:
+            return match
+        node, taken = self._finish(got) if isinstance(got, LoadTicket) else got
+        return MatchResult(list(match.pages) + taken, node, self.page_size)
+
+    def _load(self, match: MatchResult, inline_under_s: float) -> LoadTicket | tuple[TreeNode, list[int]] | None:
+        """The load of ``start_load``: its ticket if it runs in the background, what it attached if it was made
+        here (as ``_finish`` returns it), None if nothing could load."""
         tier = self.tier
         if tier is None or match.pending or not (match.host_nodes or match.stored_keys):
-            return False
+            return None
         self.inc_lock(match.node)  # the L1 part must not be demoted to make room, nor while the copies run
         for n in match.host_nodes:  # nor the L2 part dropped
             n.host_ref += 1
@@ -164,13 +181,18 @@ class RadixCache(PrefixCache):
                 self._stored_loads[(id(stored_at), self._page_key(ticket.stored_tokens, 0))] = ticket
         if not ticket.pages():
             self.dec_lock(match.node)
-            return False
+            return None
         for n, _ in parts:
             n.loading = ticket
-        ticket.future = tier.start_load([(n.host or [], new) for n, new in parts], ticket.stored_keys,
-                                        ticket.stored_pages)
+        copies = [(n.host or [], new) for n, new in parts]
         self._loads.append(ticket)
-        return True
+        quick = not tier.overlap or tier.copy_seconds(len(ticket.pages())) < inline_under_s
+        if quick and not ticket.stored_pages:
+            ticket.future = Future()
+            ticket.future.set_result(tier.copy_in(copies, (), ()))
+            return self._finish(ticket)
+        ticket.future = tier.start_load(copies, ticket.stored_keys, ticket.stored_pages)
+        return ticket
 
     def finish_loads(self, wait: bool = False) -> int:
         """Hand the pages of every finished load (every load, waiting for them, with ``wait``) to the tree;
@@ -225,13 +247,6 @@ class RadixCache(PrefixCache):
         if out is not None:
             self.tier.finish_load(out, tokens)
         return node, taken
-
-    def load_back(self, match: MatchResult) -> MatchResult:
-        """``start_load`` and wait for it here: returns the match extended by what was loaded."""
-        if not self.start_load(match):
-            return match
-        node, taken = self._finish(self._loads[-1])
-        return MatchResult(list(match.pages) + taken, node, self.page_size)
 
     # -- updates -----------------------------------------------------------------------------------------------
     def insert(self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,

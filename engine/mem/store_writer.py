@@ -4,8 +4,8 @@ already holds, and the writes run on this writer's own thread. A write is droppe
 ``max_queued_bytes`` are already waiting (a slow or stuck store must not grow the queue without bound; a write
 into an empty queue is always taken, however large) or when the store is not up, in both cases before the
 engine copies anything; a dropped or failed write only costs a later miss. A failed write is reported
-(``failed``) so the tree can retry it once, the next time the prefix is inserted. The counters are this object's, written
-by its thread alone (``dropped`` by the engine thread alone)."""
+(``failed``) so the tree can retry it once, the next time the prefix is inserted. The counters are this
+object's, written by its thread alone (``dropped`` by the engine thread alone)."""
 from __future__ import annotations
 
 import logging

@@ -40,15 +40,18 @@ class KVManager:
             match = self.cache.match_prefix(self._key(req), req.extra_key)
         return self.cache.load_back(match) if load and match.host_tokens else match
 
-    def match_or_load(self, req: Request) -> MatchResult | None:
+    def match_or_load(self, req: Request, inline_under_s: float = 0.0) -> MatchResult | None:
         """The longest cached prefix, or None while part of it is being loaded from a lower tier in the
-        background (a load this starts, or another request's): ask again at the next admission."""
+        background (a load this starts, or another request's): ask again at the next admission. A load from the
+        host tier expected to take under ``inline_under_s`` is copied here instead, and the match includes it."""
         match = self.cache.match_prefix(self._key(req), req.extra_key)
         if match.pending:
             return None
-        if match.host_tokens and req.prefix_loads < PREFIX_LOADS and self.cache.start_load(match):
+        if match.host_tokens and req.prefix_loads < PREFIX_LOADS:
             req.prefix_loads += 1
-            return None
+            if self.cache.start_load(match, inline_under_s):
+                return None
+            match = self.cache.match_prefix(self._key(req), req.extra_key)  # what the copy here brought in
         return match
 
     def reserve(self, pages: int) -> bool:

@@ -13,6 +13,7 @@ waits in ``prealloc`` while the pages fill, and joins ``running`` on ``activate`
 pages are still read (or written) from outside (``hold_kv``) stays in ``held`` until ``release_held``."""
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from engine.config import SchedulerConfig
@@ -23,10 +24,12 @@ from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.kv_manager import KVManager
 from engine.scheduler.policy import order_waiting
 
+INLINE_SHARE = 0.25  # a load-back expected to take under this share of a step is copied before the step
 FORCED_RUN_MAX = 64  # output tokens computed in one step with the decodes, outside the prefill budget
 
 
 class Scheduler:
+    inline_share = INLINE_SHARE
     def __init__(self, cfg: SchedulerConfig, allocator: PageAllocator, cache: PrefixCache, page_size: int,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.cfg = cfg
@@ -39,6 +42,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.num_retractions = 0
         self.idle_on_loads = False  # the last schedule() found nothing to compute until a load finishes
+        self.step_seconds = 0.0  # recent steps' time (an average), what an in-line load-back is weighed against
 
     # -- queue management --------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -149,6 +153,9 @@ class Scheduler:
         req.hold_kv = False
         self.kv.release(req, keep=keep)
 
+    def observe_step(self, seconds: float) -> None:
+        self.step_seconds = seconds if not self.step_seconds else 0.8 * self.step_seconds + 0.2 * seconds
+
     # -- scheduling --------------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         self.kv.cache.finish_loads()  # prefixes loaded since the last step join the cache
@@ -217,7 +224,8 @@ class Scheduler:
             leader = req.group_leader
             if leader is not None and not (leader.prefill_done or leader.finished):
                 continue  # n > 1: wait for the leader's prompt to be cached, then share its pages
-            match = self.kv.match_or_load(req)
+            # a copy taking under INLINE_SHARE of a step is made here; the running requests wait that long
+            match = self.kv.match_or_load(req, self.inline_share * self.step_seconds if self.running else math.inf)
             if match is None:
                 continue  # its prefix is loading: it waits in the queue, the requests behind it go on
             n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == self.cfg.max_prefill_tokens)

@@ -11,6 +11,7 @@ evict, checked after every step:
   in full (L1 + L2), whatever L1 evicted; with a small one, what is matched is still right."""
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import zlib
@@ -55,7 +56,7 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
         self.host = HostPool(shape, self.host_pages, torch.device("cpu"))
         store = FileStore(self.store_dir) if self.store_dir else None
         self.tier = HostTier(self.host, self.kv, self.device, self.policy, write_threshold=2, store=store,
-                             namespace=b"reference")
+                             namespace=b"reference", overlap=True)  # loads from L2 may run in the background
         self.cache = RadixCache(PAGE, self.device.free, "lru", self.tier)
         self.inserted: set[tuple[str | None, tuple[int, ...]]] = set()
         self.locks: list[tuple[MatchResult, str | None, tuple[int, ...]]] = []
@@ -121,18 +122,21 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
             self.cache.inc_lock(result.node)
             self.locks.append((result, ns, key[: result.num_tokens]))
 
-    @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens)
-    def start_load(self, ns: str | None, stem: int, tail: list[int]) -> None:
+    @rule(ns=st.sampled_from(NAMESPACES), stem=st.integers(0, len(STEMS) - 1), tail=tokens, inline=st.booleans())
+    def start_load(self, ns: str | None, stem: int, tail: list[int], inline: bool) -> None:
+        """A load in the background, or (``inline``, once the tier has timed a copy) made at once."""
         key = STEMS[stem] + tuple(tail)
         self._drain()
         result = self.cache.match_prefix(key, ns)
         before = self.cache.loads_in_flight
-        started = self.cache.start_load(result)
+        started = self.cache.start_load(result, math.inf if inline else 0.0)
         assert self.cache.loads_in_flight == before + started
         if result.pending or not (result.host_nodes or result.stored_keys):
             assert not started, "a load started over nothing, or over another load"
         elif started:
             assert self.cache.match_prefix(key, ns).pending, "a match over a load in flight is not pending"
+        elif inline and not result.stored_keys and self.device.available == self.device.capacity:
+            assert self.cache.match_prefix(key, ns).num_tokens > result.num_tokens, "nothing loaded in line"
 
     @precondition(lambda self: self.cache.loads_in_flight)
     @rule()
