@@ -50,6 +50,15 @@ def ttft(client: httpx.Client, model: str, ids: list[int]) -> float:
     return first
 
 
+def wait_store_up(url: str, timeout: float = 180.0) -> None:
+    """Until the server's HiCache store is connected (a Mooncake client can take a while to mount its segment)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/get_server_info", timeout=10).json()["hicache"]["store_state"] != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: the HiCache store did not come up within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -114,10 +123,13 @@ def main() -> None:
                          "device_hit_tokens": cached - host - from_store, "host_hit_tokens": host,
                          "store_hit_tokens": from_store})
         cold = statistics.median(raw["L1 (radix cache)"]["cold"])
+        for name in [n for n in configs if n != "L1+L2+L3 mooncake"]:  # its memory is the Mooncake Store's
+            servers[name].stop()  # at full size every server up at once needs more than 24 GB
         for backend, flags in (("file", l3), ("mooncake", l3m)):  # another worker on the same store
             name = f"second worker, L3 {backend} only"
             servers[name] = second = Process("engine", [*common, *flags])
             second.wait_ready("/health")
+            wait_store_up(second.url)
             with httpx.Client(base_url=second.url, timeout=600) as client:
                 again = [ttft(client, model, s + [rng.randrange(100, 49000) for _ in range(QUESTION)])
                          for s in systems]

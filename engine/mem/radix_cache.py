@@ -187,12 +187,17 @@ class RadixCache(PrefixCache):
         copies = [(n.host or [], new) for n, new in parts]
         self._loads.append(ticket)
         quick = not tier.overlap or tier.copy_seconds(len(ticket.pages())) < inline_under_s
-        if quick and not ticket.stored_pages:
-            ticket.future = Future()
-            ticket.future.set_result(tier.copy_in(copies, (), ()))
-            return self._finish(ticket)
-        ticket.future = tier.start_load(copies, ticket.stored_keys, ticket.stored_pages)
-        return ticket
+        inline = quick and not ticket.stored_pages
+        ticket.future = Future()
+        try:
+            if inline:
+                ticket.future.set_result(tier.copy_in(copies, (), ()))
+            else:
+                ticket.future = tier.start_load(copies, ticket.stored_keys, ticket.stored_pages)
+        except Exception as e:  # noqa: BLE001 - _finish logs it and gives the pages back
+            ticket.future.set_exception(e)
+            inline = True
+        return self._finish(ticket) if inline else ticket
 
     def finish_loads(self, wait: bool = False) -> int:
         """Hand the pages of every finished load (every load, waiting for them, with ``wait``) to the tree;

@@ -161,3 +161,24 @@ def test_a_store_read_that_hangs_holds_only_its_own_request(tiny_model_dir: Path
     reader.cache.finish_loads(wait=True)
     reader.check_integrity()
     reader.close()
+
+
+def test_a_copy_that_fails_costs_only_a_recomputation(tiny_model_dir: Path) -> None:
+    core, gate = core_with_prefix_in_l2(tiny_model_dir)
+    tier = core.hicache
+
+    def broken(*args):  # noqa: ANN002, ANN202 - a bug in the copy, in line or on the loader thread
+        raise RuntimeError("copy failed")
+    tier.copy_in = broken
+    for overlap in (False, True):
+        tier.overlap = overlap
+        req = request(core, SECOND)
+        core.add_request(req)
+        drive(core, lambda: req.finished)
+        assert req.output_ids == alone(tiny_model_dir, SECOND) and req.cached_tokens == 0
+        assert core.cache.loads_in_flight == 0
+        core.check_integrity()
+        core.cache.evict(core.cache.evictable_size)
+        assert core.cache.match_prefix(SECOND).host_tokens >= SYSTEM, "the host tier still holds the prefix"
+    core.flush_cache()
+    assert core.allocator.available == core.allocator.capacity and tier.host.allocator.used == 0
