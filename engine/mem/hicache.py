@@ -5,6 +5,7 @@ one loader thread (``start_load``) and are counted when the tree takes their pag
 loader touches only the load's own pages and the store, never the tree or the counters."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -85,6 +86,7 @@ class HostTier:
         self.writer = None if store is None else StoreWriter(store, host.shape.page_size)
         self._loader: ThreadPoolExecutor | None = None
         self._copy_rate: float | None = None  # bytes/s of recent L2 -> L1 copies
+        self._stream = None  # CUDA: the loader's copy stream (not run here: no device)
         self.overlap = copies_overlap(kv.data.device) if overlap is None else overlap
 
     # -- what the tree asks ------------------------------------------------------------------------------------
@@ -128,9 +130,14 @@ class HostTier:
         until the first missing, corrupt or failed one. Touches only the pages named and the store, so it may
         run off the engine thread while the pages are the caller's alone."""
         start, out = time.perf_counter(), LoadOutcome()
-        with torch.inference_mode():  # the pool may be an inference tensor; the mode is per thread
-            for host_pages, device_pages in copies:
+        cuda = self.kv.data.device.type == "cuda"
+        if cuda and self._stream is None:
+            self._stream = torch.cuda.Stream(self.kv.data.device)
+        with torch.inference_mode(), (torch.cuda.stream(self._stream) if cuda else contextlib.nullcontext()):
+            for host_pages, device_pages in copies:  # on CUDA: DMA on a stream of its own, beside the step's
                 out.host_bytes += self.host.load(self.kv, host_pages, device_pages)
+            if cuda:
+                self._stream.synchronize()  # done before the tree takes the pages (and timed as what it took)
             out.host_seconds = time.perf_counter() - start
             if keys:
                 self._read(keys, pages, out)

@@ -213,6 +213,18 @@ class RadixCache(PrefixCache):
         inserted there; returns the deepest node now in L1 and the pages it took, in order."""
         assert self.tier is not None and t.future is not None
         self._loads.remove(t)
+        for n, _ in t.parts:  # first what must be undone whatever happens below
+            n.host_ref -= 1
+            n.loading = None
+        if t.stored_pages:
+            del self._stored_loads[(id(t.stored_at), self._page_key(t.stored_tokens, 0))]
+        try:
+            return self._attach(t)
+        finally:
+            self.dec_lock(t.parent)
+
+    def _attach(self, t: LoadTicket) -> tuple[TreeNode, list[int]]:
+        assert self.tier is not None and t.future is not None
         try:
             out = t.future.result()
         except Exception:  # noqa: BLE001 - a bug in a copy: the prefix is recomputed, the engine goes on
@@ -220,8 +232,6 @@ class RadixCache(PrefixCache):
             out = None
         node, taken, tokens = t.parent, [], 0
         for n, pages in t.parts:
-            n.host_ref -= 1
-            n.loading = None
             if out is not None and not n.pages:
                 assert n.parent is node
                 n.pages = pages
@@ -234,7 +244,6 @@ class RadixCache(PrefixCache):
                 taken.extend(n.pages)
         if t.stored_pages:
             first = self._page_key(t.stored_tokens, 0)
-            del self._stored_loads[(id(t.stored_at), first)]
             got = 0 if out is None else out.stored
             if got and node is t.stored_at and first not in node.children:
                 child = TreeNode(tuple(t.stored_tokens[:got * self.page_size]), t.stored_pages[:got], node)
@@ -242,13 +251,12 @@ class RadixCache(PrefixCache):
                 self._touch(child)
                 node.children[first] = child
                 self._evictable += len(child.key)
-                self._mirror(child)
+                self._free_pages(t.stored_pages[got:])
                 node = child
                 taken.extend(child.pages)
-                self._free_pages(t.stored_pages[got:])
+                self._mirror(child)
             else:
                 self._free_pages(t.stored_pages)
-        self.dec_lock(t.parent)
         if out is not None:
             self.tier.finish_load(out, tokens)
         return node, taken

@@ -9,6 +9,11 @@ missed its deadline is still stuck on the thread, later ones are not queued behi
 first connection is made the same way, in the background, so a worker starts (and serves, recomputing) while
 its store is unreachable, and uses the store once it answers.
 
+Two threads call it (the engine thread looks entries up, the HiCache loader thread reads and deletes them):
+their operations share the one worker thread, in the order they come, and a lock keeps its state (connecting,
+up, down; the operation stuck past its deadline) consistent between them. A caller waits behind the other's
+operation at most one batch, or its own deadline if the store hangs.
+
 Measured with a real ``mooncake_master`` on loopback: frozen by SIGSTOP, each client call blocks 30 s (the RPC
 timeout); killed, a lookup takes 4.3 s to fail; a client set up against no master blocks 90 s. Behind the guard,
 the engine waits at most ``timeout`` once per ``retry_after``."""
@@ -48,10 +53,13 @@ class GuardedStore(PageStore):
         self._inner: PageStore | None = None
         self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future] | None] = queue.SimpleQueue()
         self._pending: Future | None = None  # the job on the thread, if it outlived its caller's deadline
+        self._pending_seq = 0
+        self._seq = 0  # jobs submitted (the worker runs them in this order)
+        self._lock = threading.Lock()  # state, _inner, _pending, _retry_at: callers on two threads
         self._retry_at = 0.0
         self._thread = threading.Thread(target=self._work, name=f"hicache-{name}-store", daemon=True)
         self._thread.start()
-        self._pending = self._submit(connect)
+        self._pending, self._pending_seq = self._submit(connect)
 
     def wait_connected(self, timeout: float) -> bool:
         """Block up to ``timeout`` for the first connection (start-up); False if it has not come up by then."""
@@ -103,13 +111,19 @@ class GuardedStore(PageStore):
                 except BaseException as e:  # handed to the caller, who owns the error
                     fut.set_exception(e)
 
-    def _submit(self, fn: Callable[[], T]) -> Future:
+    def _submit(self, fn: Callable[[], T]) -> tuple[Future, int]:
         fut: Future = Future()
-        self._jobs.put((fn, fut))
-        return fut
+        with self._lock:
+            self._seq += 1
+            self._jobs.put((fn, fut))
+            return fut, self._seq
 
     def _ready(self) -> PageStore:
         """The store, if it may be asked now; else StoreUnavailable (and a reconnection started when due)."""
+        with self._lock:
+            return self._ready_locked()
+
+    def _ready_locked(self) -> PageStore:
         fut = self._pending
         if fut is not None:
             if not fut.done():
@@ -127,31 +141,39 @@ class GuardedStore(PageStore):
         if self.state == "down" and now < self._retry_at:
             raise StoreUnavailable(f"{self.name} store is down; next try in {self._retry_at - now:.1f}s")
         if self._inner is None:
-            self._pending = self._submit(self._connect)
+            self._seq += 1
+            self._pending, self._pending_seq = Future(), self._seq
+            self._jobs.put((self._connect, self._pending))
             self.state = "connecting"
             raise StoreUnavailable(f"{self.name} store is connecting")
         return self._inner
 
     def _call(self, op: str, fn: Callable[[PageStore], T]) -> T:
         inner = self._ready()
-        fut = self._submit(lambda: fn(inner))
+        fut, seq = self._submit(lambda: fn(inner))
         try:
             result = fut.result(self.timeout)
         except (TimeoutError, FutureTimeout):
-            self.timeouts += 1
-            self._pending = fut
-            self._set("down", f"{op} took longer than {self.timeout}s")
+            with self._lock:
+                self.timeouts += 1
+                if self._pending is None or seq > self._pending_seq:  # the newest stuck job: once it is done,
+                    self._pending, self._pending_seq = fut, seq  # every job before it is too
+                self._set("down", f"{op} took longer than {self.timeout}s")
             raise StoreError(f"{op} timed out after {self.timeout}s") from None
         except StoreUnreachable as e:
-            self._set("down", str(e))
+            self._set_locked("down", str(e))
             raise
         except StoreError:
-            self._set("up", "answering again")
+            self._set_locked("up", "answering again")
             raise
         except Exception as e:  # noqa: BLE001 - a client library's own error is the store's failure, not ours
             raise StoreError(f"{op}: {type(e).__name__}: {e}") from e
-        self._set("up", "answering again")
+        self._set_locked("up", "answering again")
         return result
+
+    def _set_locked(self, state: str, why: str) -> None:
+        with self._lock:
+            self._set(state, why)
 
     def _set(self, state: str, why: str) -> None:
         if state == "down":
