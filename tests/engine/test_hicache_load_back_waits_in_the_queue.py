@@ -182,3 +182,20 @@ def test_a_copy_that_fails_costs_only_a_recomputation(tiny_model_dir: Path) -> N
         assert core.cache.match_prefix(SECOND).host_tokens >= SYSTEM, "the host tier still holds the prefix"
     core.flush_cache()
     assert core.allocator.available == core.allocator.capacity and tier.host.allocator.used == 0
+
+
+def test_a_reservation_over_a_load_in_flight_waits_for_it(tiny_model_dir: Path) -> None:
+    """The decode worker's path (``KVManager.match`` with ``load``): a match pending on another request's load
+    waits for that load and then holds the whole prefix."""
+    core, gate = core_with_prefix_in_l2(tiny_model_dir)
+    other = request(core, OTHER)
+    core.add_request(other)
+    core.step()
+    core.add_request(request(core, SECOND))
+    core.step()
+    assert core.cache.loads_in_flight == 1
+    threading.Timer(0.2, gate.set).start()
+    match = core.scheduler.kv.match(request(core, PREFIX + [41, 42]), load=True)
+    assert match.num_tokens == SYSTEM and not match.pending and core.cache.loads_in_flight == 0
+    drive(core, lambda: not core.has_work)
+    core.check_integrity()
