@@ -22,6 +22,7 @@ background (0: every copy was made in line); ratios background / inline.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import time
@@ -49,7 +50,7 @@ def make_core(path: Path, dtype: str, pool: int, ratio: float, overlap: bool) ->
     assert core.hicache is not None
     core.hicache.overlap = overlap  # the variant, whatever this host would detect
     if overlap:
-        core.scheduler.inline_share = 0.0  # every copy on the loader thread, however quick
+        core.hicache.copy_seconds = lambda pages: math.inf  # every copy on the loader thread, however quick
     return core
 
 

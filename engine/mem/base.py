@@ -45,10 +45,10 @@ class PrefixCache(ABC):
         returns the longer match. Caches without tiers have nothing to load."""
         return match
 
-    def start_load(self, match: MatchResult, inline_under_s: float = 0.0) -> bool:
-        """Start that copy in the background (``finish_loads`` completes it), or make it now if it is expected to
-        take under ``inline_under_s``; True if it runs in the background."""
-        return False
+    def start_load(self, match: MatchResult, inline_under_s: float = 0.0) -> MatchResult | None:
+        """Start that copy in the background (``finish_loads`` completes it; returns None), or make it now if it
+        is expected to take under ``inline_under_s`` (returns the longer match)."""
+        return match
 
     def finish_loads(self, wait: bool = False) -> int:
         """Complete the background copies that are done (all of them, with ``wait``); returns how many."""

@@ -231,13 +231,6 @@ class HostTier:
         """Did store write ``job`` fail, with the store up again (worth its one retry)?"""
         return self.writer is not None and self.store_state() == "up" and self.writer.failed(job)
 
-    def read_store(self, keys: Sequence[str], device_pages: Sequence[int]) -> int:
-        """Copy stored pages into ``device_pages`` in order, on this thread; returns how many (see ``_read``)."""
-        out = LoadOutcome()
-        self._read(keys, device_pages, out)
-        self.finish_load(out, 0)
-        return out.stored
-
     def _read(self, keys: Sequence[str], device_pages: Sequence[int], out: LoadOutcome) -> None:
         """Copy stored pages into ``device_pages`` in order, stopping at the first missing, corrupt or failed
         one, or when the reads have taken the store's deadline in all; ``out`` says how far it got and why."""

@@ -131,21 +131,26 @@ class RadixCache(PrefixCache):
     def loads_in_flight(self) -> int:
         return len(self._loads)
 
-    def start_load(self, match: MatchResult, inline_under_s: float = 0.0) -> bool:
+    def start_load(self, match: MatchResult, inline_under_s: float = 0.0) -> MatchResult | None:
         """Start copying the match's L2-only continuation, then the pages the store holds after it, into fresh L1
         pages (as far as L1 has room, evicting unlocked entries) on the tier's loader thread; the tree takes them
         in ``finish_loads``. Meanwhile the match's L1 part is locked, the L2 part's host pages are kept
         (``host_ref``) and a match that reaches them is ``pending``. A copy from L2 alone is made here and
         attached at once when a background copy would not overlap the step (``tier.overlap``) or the tier
-        expects it to take under ``inline_under_s``. True if a load runs in the background."""
-        return isinstance(self._load(match, inline_under_s), LoadTicket)
+        expects it to take under ``inline_under_s``. None if a load runs in the background, else the match
+        extended by what was copied here (unchanged if nothing could load)."""
+        got = self._load(match, inline_under_s)
+        return None if isinstance(got, LoadTicket) else self._extended(match, got)
 
     def load_back(self, match: MatchResult) -> MatchResult:
         """Load as ``start_load`` does and wait for it here: returns the match extended by what was loaded."""
         got = self._load(match, math.inf)
+        return self._extended(match, self._finish(got) if isinstance(got, LoadTicket) else got)
+
+    def _extended(self, match: MatchResult, got: tuple[TreeNode, list[int]] | None) -> MatchResult:
         if got is None:
             return match
-        node, taken = self._finish(got) if isinstance(got, LoadTicket) else got
+        node, taken = got
         return MatchResult(list(match.pages) + taken, node, self.page_size)
 
     def _load(self, match: MatchResult, inline_under_s: float) -> LoadTicket | tuple[TreeNode, list[int]] | None:
@@ -160,8 +165,7 @@ class RadixCache(PrefixCache):
         parts: list[tuple[TreeNode, list[int]]] = []
         for n in match.host_nodes:
             assert not n.pages and n.host is not None and n.loading is None
-            if tier.device_available() < len(n.host):
-                self.evict((len(n.host) - tier.device_available()) * self.page_size)
+            self._make_room(len(n.host))
             new = tier.alloc_device(len(n.host))
             if new is None:
                 break
@@ -171,10 +175,8 @@ class RadixCache(PrefixCache):
         stored_at = parts[-1][0] if parts else match.node
         ticket = LoadTicket(match.node, parts, stored_at)
         if match.stored_keys and len(parts) == len(match.host_nodes):  # every L2 node loads: the store goes on
-            need = len(match.stored_keys)
-            if tier.device_available() < need:
-                self.evict((need - tier.device_available()) * self.page_size)
-            got = tier.alloc_device(min(need, tier.device_available())) or []
+            self._make_room(len(match.stored_keys))
+            got = tier.alloc_device(min(len(match.stored_keys), tier.device_available())) or []
             if got:
                 ticket.stored_keys, ticket.stored_pages = match.stored_keys[:len(got)], got
                 ticket.stored_tokens = match.stored_tokens[:len(got) * self.page_size]
@@ -198,6 +200,12 @@ class RadixCache(PrefixCache):
             ticket.future.set_exception(e)
             inline = True
         return self._finish(ticket) if inline else ticket
+
+    def _make_room(self, pages: int) -> None:
+        """Evict unlocked L1 entries until ``pages`` pages are free (or nothing more can go)."""
+        assert self.tier is not None
+        if self.tier.device_available() < pages:
+            self.evict((pages - self.tier.device_available()) * self.page_size)
 
     def finish_loads(self, wait: bool = False) -> int:
         """Hand the pages of every finished load (every load, waiting for them, with ``wait``) to the tree;

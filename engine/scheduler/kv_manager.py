@@ -49,9 +49,7 @@ class KVManager:
             return None
         if match.host_tokens and req.prefix_loads < PREFIX_LOADS:
             req.prefix_loads += 1
-            if self.cache.start_load(match, inline_under_s):
-                return None
-            match = self.cache.match_prefix(self._key(req), req.extra_key)  # what the copy here brought in
+            return self.cache.start_load(match, inline_under_s)
         return match
 
     def reserve(self, pages: int) -> bool:

@@ -29,7 +29,6 @@ FORCED_RUN_MAX = 64  # output tokens computed in one step with the decodes, outs
 
 
 class Scheduler:
-    inline_share = INLINE_SHARE
     def __init__(self, cfg: SchedulerConfig, allocator: PageAllocator, cache: PrefixCache, page_size: int,
                  eos_token_ids: tuple[int, ...] = ()) -> None:
         self.cfg = cfg
@@ -225,7 +224,7 @@ class Scheduler:
             if leader is not None and not (leader.prefill_done or leader.finished):
                 continue  # n > 1: wait for the leader's prompt to be cached, then share its pages
             # a copy taking under INLINE_SHARE of a step is made here; the running requests wait that long
-            match = self.kv.match_or_load(req, self.inline_share * self.step_seconds if self.running else math.inf)
+            match = self.kv.match_or_load(req, INLINE_SHARE * self.step_seconds if self.running else math.inf)
             if match is None:
                 continue  # its prefix is loading: it waits in the queue, the requests behind it go on
             n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == self.cfg.max_prefill_tokens)

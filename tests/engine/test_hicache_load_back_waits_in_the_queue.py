@@ -119,7 +119,6 @@ def test_a_quick_load_or_one_that_cannot_overlap_is_made_in_line(tiny_model_dir:
     for overlap in (True, False):  # nothing running: quick enough; no overlap: in line whatever it costs
         core.cache.evict(core.cache.evictable_size)
         core.hicache.overlap = overlap
-        core.scheduler.step_seconds = 1e-9  # and with another request running, a step far shorter than the copy
         blocker = request(core, OTHER)
         if not overlap:
             core.add_request(blocker)

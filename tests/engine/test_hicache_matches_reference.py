@@ -129,7 +129,7 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
         self._drain()
         result = self.cache.match_prefix(key, ns)
         before = self.cache.loads_in_flight
-        started = self.cache.start_load(result, math.inf if inline else 0.0)
+        started = self.cache.start_load(result, math.inf if inline else 0.0) is None
         assert self.cache.loads_in_flight == before + started
         if result.pending or not (result.host_nodes or result.stored_keys):
             assert not started, "a load started over nothing, or over another load"
