@@ -170,6 +170,7 @@ class GrammarConfig:
 
 
 SPEC_ALGORITHMS = ("none", "ngram", "draft_model")
+SPEC_POLICIES = ("adaptive", "acceptance")
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,11 @@ class SpeculativeConfig:
     speculative_ngram_min: int = field(default=2, metadata={
         "help": "ngram: shortest suffix that may match (longer matches are tried first)"})
     speculative_ngram_max: int = field(default=4, metadata={"help": "ngram: longest suffix matched"})
+    speculative_policy: str = field(default="adaptive", metadata={
+        "help": "who drafts: adaptive (a request drafts while its acceptance and the step and draft costs, timed at "
+                "load and then measured, say its drafts raise tokens/s); acceptance (whenever its acceptance stays "
+                "above 0.3, whatever drafting costs: to measure a drafter where it cannot pay)",
+        "choices": SPEC_POLICIES})
     speculative_draft_model_path: str | None = field(default=None, metadata={
         "help": "draft_model: the draft's folder or .gguf file (as --model-path; its vocabulary must be the "
                 "target's). Its KV pool holds as many tokens as the target's, and the two share the memory "
@@ -204,6 +210,8 @@ class SpeculativeConfig:
             raise EngineConfigError("--speculative-num-draft-tokens must be from 1 to 16")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
             raise EngineConfigError("--speculative-ngram-min must be at least 1 and at most --speculative-ngram-max")
+        if self.speculative_policy not in SPEC_POLICIES:
+            raise EngineConfigError(f"--speculative-policy must be one of {', '.join(SPEC_POLICIES)}")
         if (self.speculative_algorithm == "draft_model") != (self.speculative_draft_model_path is not None):
             raise EngineConfigError("--speculative-algorithm draft_model and --speculative-draft-model-path go "
                                     "together: give both or neither")

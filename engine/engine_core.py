@@ -34,7 +34,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.spec import Drafter, Speculator, create_drafter, draft_rows, split_rows
+from engine.spec import Drafter, Speculator, create_drafter, draft_rows, measure_prior, split_rows
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -137,9 +137,12 @@ class EngineCore:
         self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
                          if cfg.grammar.grammar_backend == "xgrammar" else None)
         self.masks = MaskFiller(self.arch.vocab_size)
+        self.spec: Speculator | None = None
         if drafter is not None:
             drafter.allocate((num_pages - 1) * page, page)
-        self.spec = Speculator(cfg.speculative, drafter, self.arch.vocab_size) if drafter is not None else None
+            k = cfg.speculative.speculative_num_draft_tokens
+            prior = measure_prior(self.runner.forward, self.allocator, page, k, drafter.time_forward())
+            self.spec = Speculator(cfg.speculative, drafter, self.arch.vocab_size, prior)
         self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()
         log.info("engine ready: model=%s arch=%s dtype=%s kv_dtype=%s device=%s kv_pages=%d page_size=%d "

@@ -4,6 +4,9 @@ seeded random tokens (almost every draft is rejected)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+from engine.config import SpeculativeConfig
 
 from engine.request import Request
 from engine.spec import Drafter
@@ -51,9 +54,7 @@ class CountingForwards:
         core.runner.forward = wrapped
 
 
-def always_draft(core):  # noqa: ANN001, ANN201 - an EngineCore
-    """Turn off the speculator's cost decisions (whether a step drafts, how many drafts it keeps): they follow
-    measured step times, which tests must not depend on. Acceptance-based pauses stay."""
-    core.spec._pays = lambda *_: True
-    core.spec.cost.choose = lambda decodes, drafts: len(drafts)
-    return core
+def drafting_always(spec: SpeculativeConfig) -> SpeculativeConfig:
+    """``spec`` with the speculator's cost decisions (whether a step drafts, how many drafts it keeps) turned off:
+    they follow measured step times, which tests must not depend on. Acceptance-based pauses stay."""
+    return replace(spec, speculative_policy="acceptance")

@@ -7,12 +7,14 @@ import torch
 from engine.config import EngineConfigError, ModelConfig, SpeculativeConfig
 from engine.spec.base import Drafter
 from engine.spec.ngram import NgramDrafter
+from engine.spec.prior import CostPrior
+from engine.spec.prior import measure as measure_prior
 from engine.spec.speculator import Speculator
 from engine.spec.verify import DraftRow, accepted, draft_rows, split_rows
 from engine.tokenizer import Tokenizer
 
-__all__ = ["DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_drafter", "draft_rows",
-           "split_rows"]
+__all__ = ["CostPrior", "DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_drafter",
+           "draft_rows", "measure_prior", "split_rows"]
 
 
 def create_drafter(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Tokenizer, vocab_size: int,

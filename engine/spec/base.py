@@ -26,6 +26,11 @@ class Drafter(ABC):
     def allocate(self, num_tokens: int, page_size: int) -> None:
         """Build the drafter's KV pool for ``num_tokens`` tokens (called once, before the first proposal)."""
 
+    def time_forward(self) -> dict[int, float]:
+        """Seconds of one draft forward by the number of requests in it, timed once at load (after
+        ``allocate``; engine/spec/prior.py); empty for a drafter that runs no model."""
+        return {}
+
     def release(self, req: Request) -> None:
         """The request left the engine: forget what was kept for it."""
 

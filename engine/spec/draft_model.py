@@ -37,6 +37,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.kv_manager import pages_for
 from engine.spec.base import Drafter
+from engine.spec.prior import BATCHES, time_shapes
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,10 @@ class DraftModelDrafter(Drafter):
             s.req.kv_len = s.end
         for s, token in zip(result.sampled, best):
             s.req.prompt_ids.append(token)
+
+    def time_forward(self) -> dict[int, float]:
+        assert self.runner is not None and self.allocator is not None, "allocate() comes first"
+        return time_shapes(self.runner.forward, self.allocator, self.page_size, [(b, 1) for b in BATCHES])
 
     def release(self, req: Request) -> None:
         sh = self._shadows.pop(req, None)

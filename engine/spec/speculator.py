@@ -13,8 +13,14 @@ one the grammar allows (and its mask is filled as if the drafts before it were a
 transfer still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the
 expected tokens per second with its drafts, its own time counted (learnt like the step's, by drafted tokens),
 beat plain decoding; the probe steps draft regardless, so the estimate follows the requests' acceptance, and
-while the gate stays shut each probe comes twice as late as the last (64 steps up to 2048), so a draft model
-that does not pay costs little more than its memory."""
+while the gate stays shut each probe comes twice as late as the last (64 steps up to 2048), and drafts for one
+request only, so a draft model that does not pay costs little more than its memory.
+
+The cost models do not start empty: at load the engine times plain and verified steps, and a draft model's
+forward, over scratch pages (engine/spec/prior.py), so the first requests are decided on this host's costs. A
+drafter that could not pay even with every draft accepted (a draft model as slow as its target) starts with its
+probes already at the longest interval. ``--speculative-policy acceptance`` drafts wherever acceptance allows,
+whatever the costs say (to measure a drafter where it cannot pay)."""
 from __future__ import annotations
 
 import logging
@@ -27,6 +33,7 @@ from engine.request import Request
 from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from engine.spec.base import Drafter
 from engine.spec.cost import StepCost, expected_accepted
+from engine.spec.prior import CostPrior
 from engine.spec.verify import accepted
 
 log = logging.getLogger(__name__)
@@ -48,21 +55,45 @@ class _Track:
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter, vocab_size: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, drafter: Drafter, vocab_size: int,
+                 prior: CostPrior | None = None) -> None:
         self.cfg = cfg
         self.drafter = drafter
         self.vocab_size = vocab_size
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
         cfg.check()
+        self._adaptive = cfg.speculative_policy == "adaptive"  # "acceptance": costs are measured, never obeyed
         self.cost = StepCost()
         self.draft_cost = StepCost()  # the drafter's own seconds, by tokens proposed
         self._steps = 0
         self._probe_every = PROBE_EVERY
         self._next_probe = PROBE_EVERY
+        self.best_gain: float | None = None  # the prior's most speculation could gain at batch 1 (None: no prior)
+        if prior is not None:
+            self._seed(prior)
         self.acceptance = 1.0  # optimistic at start: the first requests draft
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
+
+    def _seed(self, prior: CostPrior) -> None:
+        """Start the cost models from the load-time timings; a drafter that could not pay even with every draft
+        accepted is probed only every ``PROBE_MAX`` steps."""
+        for rows, seconds in sorted(prior.target.items()):
+            self.cost.observe(rows, seconds)
+        for batch, seconds in sorted(prior.draft.items()):
+            self.draft_cost.observe(batch * prior.k, prior.k * seconds)
+        self.best_gain = prior.best_gain()
+        log.info("speculation: drafter=%s, target step ms by rows %s, draft forward ms by requests %s, best gain %s",
+                 self.drafter.name, {r: round(1e3 * t, 2) for r, t in prior.target.items()},
+                 {b: round(1e3 * t, 2) for b, t in prior.draft.items()},
+                 None if self.best_gain is None else round(self.best_gain, 2))
+        if self.best_gain is not None and self.best_gain < 1 and self._adaptive:
+            self._probe_every = self._next_probe = PROBE_MAX
+            log.warning("speculation: drafter %s cannot pay here: with all %d drafts accepted a batch-1 step would "
+                        "give %.2fx the tokens/s of plain decoding (draft forward %.1f ms, target step %.1f ms); "
+                        "it drafts only in a probe every %d steps", self.drafter.name, prior.k, self.best_gain,
+                        1e3 * prior.draft.get(1, 0.0), 1e3 * prior.target[1], PROBE_MAX)
 
     def _track(self, req: Request) -> _Track:
         t = self._tracks.get(req)
@@ -96,6 +127,9 @@ class Speculator:
             self._next_probe = min(self._next_probe, self._steps + PROBE_EVERY)
         elif not probe:
             return batch
+        else:  # a probe while drafting does not pay drafts for one request, the best accepted: it re-measures
+            # the acceptance and the drafter's time at a fraction of a whole batch's drafting
+            chosen = [max(chosen, key=lambda c: self._track(c[0].req).ema)]
         start = time.perf_counter()
         try:
             drafts = self.drafter.propose([s.req for s, _ in chosen], [k for _, k in chosen])
@@ -115,14 +149,15 @@ class Speculator:
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
-        keep = len(found) if probe else self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found])
+        keep = (len(found) if probe or not self._adaptive
+                else self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found]))
         return scheduler.with_drafts(batch, {req: d for _, req, d in found[:keep]})
 
     def _pays(self, decodes: int, chosen: list[tuple[ScheduledSeq, int]]) -> bool:
         """Whether drafting for ``chosen`` is expected to beat plain decoding in tokens per second, the
         drafter's own time included (unknown costs count as zero: drafting explores them)."""
         base = self.cost.estimate(decodes)
-        if base is None or base <= 0:
+        if not self._adaptive or base is None or base <= 0:
             return True
         asked = sum(k for _, k in chosen)
         own = self.draft_cost.estimate(asked) or 0.0

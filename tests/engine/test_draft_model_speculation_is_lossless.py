@@ -4,7 +4,7 @@ seeded tiny model as the draft (most drafts rejected), a mixed batch with retrac
 tokens as without speculation; afterwards both pools pass their integrity checks and every page of both returns.
 A draft model whose vocabulary differs from the target's is refused at start-up, naming the flag. (The tiny draft
 costs about as much as the tiny target, so the speculator's cost gate would rightly keep it off most steps:
-``always_draft`` turns the gate off to exercise drafting on every step.)"""
+``drafting_always`` turns the gate off to exercise drafting on every step.)"""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ import pytest
 from engine.config import EngineConfigError, SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.tiny_model import write_tiny_model
-from tests.drafters import CountingForwards, always_draft
+from tests.drafters import CountingForwards, drafting_always
 from tests.engine.conftest import make_core
 from tests.engine.test_speculative_decoding_is_lossless import K, outcome, params, prompts, run
 
@@ -48,8 +48,8 @@ def draft_pool_idle(core: EngineCore) -> None:
 @pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
 def test_output_is_identical_with_a_draft_model(tiny_model_dir: Path, other_draft: Path, reference: dict,
                                                 draft: str, temperature: float, pool: int) -> None:
-    core = always_draft(make_core(tiny_model_dir, max_total_tokens=pool,
-                                  speculative=draft_config(tiny_model_dir if draft == "self" else other_draft)))
+    core = make_core(tiny_model_dir, max_total_tokens=pool,
+                     speculative=drafting_always(draft_config(tiny_model_dir if draft == "self" else other_draft)))
     got = run(core, prompts(8), [params(i, temperature) for i in range(8)])
     assert outcome(got) == outcome(reference[temperature])
     draft_pool_idle(core)
@@ -65,7 +65,7 @@ def test_output_is_identical_with_a_draft_model(tiny_model_dir: Path, other_draf
 
 def test_a_self_draft_cuts_the_target_forwards(tiny_model_dir: Path, reference: dict) -> None:
     ref = reference[0.0][1]  # 60 tokens
-    core = always_draft(make_core(tiny_model_dir, speculative=draft_config(tiny_model_dir)))
+    core = make_core(tiny_model_dir, speculative=drafting_always(draft_config(tiny_model_dir)))
     forwards = CountingForwards(core)
     (got,) = run(core, [ref.prompt_ids], [ref.sampling])
     assert got.output_ids == ref.output_ids
@@ -82,7 +82,7 @@ def test_aborts_and_long_prompts_leave_no_draft_page_behind(tiny_model_dir: Path
     budget = draft_model.PREFILL_BUDGET
     draft_model.PREFILL_BUDGET = 16  # every prompt here takes the draft several steps to prefill
     try:
-        core = always_draft(make_core(tiny_model_dir, speculative=draft_config(tiny_model_dir)))
+        core = make_core(tiny_model_dir, speculative=drafting_always(draft_config(tiny_model_dir)))
         got = run(core, prompts(8), [params(i) for i in range(8)], abort_after=12)
     finally:
         draft_model.PREFILL_BUDGET = budget

@@ -3,7 +3,7 @@ requests give the same tokens (and logprobs, finish reasons, stop-string cuts) w
 drafter (every draft accepted: the forward count drops to 1 + ceil(outputs / (k + 1))) and a random drafter (almost
 every draft rejected), in a mixed batch with retraction and aborts; afterwards the pool's integrity check passes
 and every page returns. The speculator's cost decisions follow measured step times, so the tests that count
-drafts and forwards turn them off (``always_draft``)."""
+drafts and forwards turn them off (``drafting_always``)."""
 from __future__ import annotations
 
 import random
@@ -15,7 +15,7 @@ from engine.config import SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.request import Abort, Request
 from engine.sampling_params import SamplingParams
-from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, always_draft
+from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, drafting_always
 from tests.engine.conftest import make_core
 
 K = 4
@@ -79,8 +79,8 @@ def drafter_for(name: str, ref: list[Request]):  # noqa: ANN201
 def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference: dict, drafter: str,
                                                 temperature: float, pool: int) -> None:
     ref = reference[temperature]
-    core = always_draft(make_core(tiny_model_dir, max_total_tokens=pool, speculative=NGRAM,
-                                  drafter=drafter_for(drafter, ref)))
+    core = make_core(tiny_model_dir, max_total_tokens=pool, speculative=drafting_always(NGRAM),
+                     drafter=drafter_for(drafter, ref))
     forwards = CountingForwards(core)
     got = run(core, prompts(8), [params(i, temperature) for i in range(8)])
     assert outcome(got) == outcome(ref)
@@ -99,7 +99,7 @@ def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference:
 def test_a_lone_request_with_an_oracle_takes_one_forward_per_k_plus_one_tokens(tiny_model_dir: Path,
                                                                                reference: dict) -> None:
     ref = reference[0.0][1]  # 60 tokens
-    core = always_draft(make_core(tiny_model_dir, speculative=NGRAM, drafter=OracleDrafter({"r0": ref.output_ids})))
+    core = make_core(tiny_model_dir, speculative=drafting_always(NGRAM), drafter=OracleDrafter({"r0": ref.output_ids}))
     forwards = CountingForwards(core)
     (got,) = run(core, [ref.prompt_ids], [ref.sampling])
     assert got.output_ids == ref.output_ids

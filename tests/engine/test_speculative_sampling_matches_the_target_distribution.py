@@ -14,7 +14,7 @@ import torch
 
 from engine.config import SpeculativeConfig
 from engine.sampling_params import SamplingParams
-from tests.drafters import RandomDrafter, always_draft
+from tests.drafters import RandomDrafter, drafting_always
 from tests.engine.conftest import make_core
 from tests.helpers import write_hf_checkpoint
 
@@ -42,7 +42,8 @@ def test_verified_tokens_follow_the_target_distribution(tmp_path: Path, tiny_mod
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tiny_model_dir / name, ckpt / name)
     spec = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=2)
-    core = always_draft(make_core(ckpt, max_total_tokens=16384, speculative=spec, drafter=RandomDrafter(VOCAB, seed=1)))
+    core = make_core(ckpt, max_total_tokens=16384, speculative=drafting_always(spec),
+                     drafter=RandomDrafter(VOCAB, seed=1))
     seen: Counter[tuple[int, int, int]] = Counter()
     for start in range(0, N, 500):
         reqs = [core.make_request(PROMPT, SamplingParams(max_new_tokens=4, temperature=TEMPERATURE, top_k=TOP_K,

@@ -16,7 +16,8 @@ from tests.pd.test_pd_matches_colocated import PROMPTS, SAMPLING, fresh, generat
 @pytest.fixture(scope="module")
 def spec_cluster(tiny_model_dir: Path) -> Iterator[Cluster]:
     yield from run_cluster(tiny_model_dir, "--speculative-algorithm", "draft_model",
-                           "--speculative-draft-model-path", str(tiny_model_dir))
+                           "--speculative-draft-model-path", str(tiny_model_dir),
+                           "--speculative-policy", "acceptance")  # a self-draft never pays: draft regardless
 
 
 @pytest.mark.parametrize("mode", list(SAMPLING))
