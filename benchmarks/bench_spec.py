@@ -5,8 +5,9 @@ bfloat16; ``benchmarks/export_checkpoint.py --layers N`` writes a cheaper, layer
 
 Workloads (both variants produce the same tokens, so the comparison is work for work):
 - ``copy`` (greedy): chat requests that repeat a paragraph given in the prompt, or rewrite a given function with
-  a docstring added (paragraphs of this repository's docs and functions of its engine, so the
-  text is real): what prompt lookup is for.
+  a docstring added (paragraphs of this repository's docs and functions of its engine, so the text is real,
+  frozen in benchmarks/data/spec_copy_tasks.json so that runs on different days measure the same texts): what
+  prompt lookup is for.
 - ``random`` (seeded sampling at temperature 1, so the output wanders and has little to copy, while a seed still
   makes both variants produce the same tokens): prompts of seeded random token ids.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import random
 import statistics
 import time
@@ -37,13 +39,23 @@ from engine.engine_core import EngineCore
 from engine.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
+# The copy tasks, frozen (2026-12-03): built from the docs and sources they name, which keep changing, they made
+# runs on different days measure different texts (batch 1's four tasks took 228 forwards for 508 tokens on
+# 2026-12-02 and 360 on 2026-12-03, with the same engine: SmolLM2 copies some texts and rewrites others).
+COPY_TASKS = REPO / "benchmarks" / "data" / "spec_copy_tasks.json"
 SOURCES = ["engine/scheduler/kv_manager.py", "engine/scheduler/scheduler.py", "engine/detokenizer.py",
            "engine/sampler.py", "engine/mem/radix_cache.py", "engine/grammar/state.py", "engine/spec/ngram.py",
            "engine/models/llama.py"]
 
 
 def copy_tasks() -> list[str]:
-    """16 copy-heavy tasks, interleaved: repeat a paragraph, rewrite a function adding a docstring."""
+    """The 16 copy-heavy tasks, as frozen in ``COPY_TASKS``."""
+    return json.loads(COPY_TASKS.read_text())["tasks"]
+
+
+def build_copy_tasks() -> list[str]:
+    """16 copy-heavy tasks, interleaved: repeat a paragraph, rewrite a function adding a docstring, taken from the
+    repository as it is now (``--write-copy-tasks`` freezes them)."""
     text = "\n\n".join((REPO / "docs" / f).read_text() for f in ("architecture.md", "kv_transfer.md", "api.md"))
     paragraphs = [p.strip() for p in text.split("\n\n")
                   if 400 <= len(p.strip()) <= 1200 and not p.lstrip().startswith(("```", "|", "#", "-"))][:8]
@@ -116,7 +128,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/spec-smollm2.json"))
+    ap.add_argument("--write-copy-tasks", action="store_true",
+                    help=f"rebuild {COPY_TASKS.relative_to(REPO)} from the repository as it is now, and exit")
     args = ap.parse_args()
+    if args.write_copy_tasks:
+        COPY_TASKS.parent.mkdir(parents=True, exist_ok=True)
+        COPY_TASKS.write_text(json.dumps({"built": time.strftime("%Y-%m-%d"), "sources": SOURCES,
+                                          "tasks": build_copy_tasks()}, indent=1) + "\n")
+        print(f"wrote {COPY_TASKS}")
+        return
     path = model_dir(args.model)
     specs = {"none": SpeculativeConfig(),
              "ngram": SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=args.draft_tokens),

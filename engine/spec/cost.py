@@ -3,23 +3,24 @@ is bound by reading the weights (few rows), extra rows are almost free; once it 
 rows; on 2 CPU cores in float32 already from about 8 rows), every row costs about as much as a decoding request,
 and drafts that are not nearly all accepted make the step slower per token than plain decoding.
 
-``StepCost`` learns the step time per row count: an exponentially weighted mean for each count seen (so it
-follows the load of the moment), read between counts by linear interpolation and made non-decreasing in the
-rows; beyond the largest count seen it extends the slope of the last two. A single line through all steps (the
-first model) was wrong where it mattered: fitted mostly on drafted steps of 12-20 rows, it put a 4-row step at
-42 ms where such steps took 24 ms (SmolLM2, float32, batch 4), so drafting looked better than it was. No
-per-machine constant is assumed. ``choose`` takes the drafted requests in order of their acceptance and keeps
-the prefix of them that maximises expected tokens per second: (decodes + expected accepted drafts) /
-time(rows). Until steps of more than one row count were seen, extra rows are taken as free (so drafting starts
-by exploring); the speculator also keeps every draft on one step in ``PROBE_EVERY``, so the cost of extra rows
-keeps being measured."""
+``StepCost`` learns the step time per row count: an exponentially weighted mean for each count seen (so it follows
+the load of the moment), read between counts by linear interpolation and made non-decreasing in the rows; beyond
+the largest count seen it extends the slope of the last two. A single line through all steps (the first model) was
+wrong where it mattered: fitted mostly on drafted steps of 12-20 rows, it put a 4-row step at 42 ms where such
+steps took 24 ms (SmolLM2, float32, batch 4), so drafting looked better than it was. No per-machine constant is
+assumed. ``trim`` cuts each draft to the length that, over the whole step, maximises expected tokens per second:
+(decodes + expected accepted drafts) / time(rows), a request's i-th draft token counting its acceptance rate to the
+i-th power (so a well-accepted request keeps a long draft and a doubtful one a short one; the choice before it kept
+or dropped each request's whole draft). Until steps of more than one row count were seen, extra rows are taken as
+free (so drafting starts by exploring); the speculator also keeps every draft on one step in ``PROBE_EVERY``, so
+the cost of extra rows keeps being measured."""
 from __future__ import annotations
 
 import bisect
 
 DECAY = 0.98  # weight kept by the older steps at each new one (a memory of ~50 decode steps per row count)
 FORGET = 1e-3  # a row count whose weight decayed below this is forgotten
-TIE = 0.01  # expected tokens per second this close to the best count as as good
+TIE = 1e-9  # expected tokens per second this close to the best count's is a tie (float rounding)
 
 
 def expected_accepted(rate: float, drafted: int) -> float:
@@ -74,19 +75,27 @@ class StepCost:
         (r0, t0), (r1, t1) = points[i - 1], points[i]
         return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
 
-    def choose(self, decodes: int, drafts: list[tuple[float, int]]) -> int:
-        """How many of ``drafts`` ((acceptance rate, draft length), best rate first) to verify alongside
-        ``decodes`` decoding requests: the most whose expected tokens per second is within ``TIE`` of the best
-        choice's (more drafts at the same throughput still end each drafted request in fewer steps)."""
+    def trim(self, decodes: int, drafts: list[tuple[float, int]]) -> list[int]:
+        """How many tokens of each of ``drafts`` ((acceptance rate, draft length)) to verify alongside ``decodes``
+        decoding requests. Draft position i of a request is accepted with probability rate^i, so the positions of
+        all drafts are taken in that order (each request's in its own order, a prefix of its draft) and the most
+        that maximise expected tokens per second: (decodes + expected accepted) / time(rows); of counts that tie,
+        the most (more positions at the same throughput end each drafted request in fewer steps). An earlier
+        choice also kept counts within 1% of the best: per position, that let a row through wherever rows cost a
+        decode each."""
         base = self.estimate(decodes)
         if base is None or base <= 0:
-            return len(drafts)
-        rates = [decodes / base]
-        tokens, rows = float(decodes), decodes
-        for rate, length in drafts:
-            tokens += expected_accepted(rate, length)
-            rows += length
-            cost = self.estimate(rows) or 0.0
+            return [length for _, length in drafts]
+        positions = sorted(((rate ** i, j) for j, (rate, length) in enumerate(drafts) for i in range(1, length + 1)),
+                           key=lambda p: -p[0])  # stable: equal values keep each draft's own order
+        rates, tokens = [decodes / base], float(decodes)
+        for count, (value, _) in enumerate(positions, 1):
+            tokens += value
+            cost = self.estimate(decodes + count) or 0.0
             rates.append(tokens / cost if cost > 0 else float("inf"))
         best = max(rates)
-        return max(i for i, r in enumerate(rates) if r >= best * (1 - TIE))
+        keep = max(i for i, r in enumerate(rates) if r >= best * (1 - TIE))
+        lengths = [0] * len(drafts)
+        for _, j in positions[:keep]:
+            lengths[j] += 1
+        return lengths

@@ -2,10 +2,11 @@
 rather than on none (it used to draft for every request until it had seen what drafted steps cost).
 
 ``time_step`` runs the model over scratch pages for a few step shapes: ``batch`` sequences of ``CONTEXT`` tokens
-each, every one computing ``rows_each`` positions (1 for plain decoding, 1 + k for a verification of k drafts).
-The shapes are batch 1 and 4, plain and verified, for the target; one draft forward at batch 1 and 4 for a draft
-model. The shapes take turns, one round to warm up and then ``REPEATS`` rounds; the fastest of each is kept (a
-2-core host's noise only ever adds time). The pages go back to the pool before the engine serves anything; their K/V are left as scratch.
+each, every one computing ``rows_each`` positions (1 for plain decoding, 1 + k for a verification of k drafts). The
+shapes are batch 1 and 4, plain and verified, for the target; one draft forward at batch 1 and 4 for a draft model.
+The shapes take turns, one round to warm up and then ``REPEATS`` rounds; the fastest of each is kept (a 2-core
+host's noise only ever adds time). The pages go back to the pool before the engine serves anything; their K/V are
+left as scratch.
 
 ``CostPrior.best_gain`` is the most speculation could ever gain at batch 1: every one of k drafts accepted, k
 draft forwards and one verification against k + 1 plain steps. Below 1 the drafter cannot pay even then (a

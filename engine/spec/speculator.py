@@ -2,11 +2,13 @@
 their pages), ``verify`` turns each request's sampled rows into the tokens it emits (engine/spec/verify.py).
 
 Who speculates (measured on SmolLM2, see docs/benchmarks.md): a request whose drafts keep being rejected pays for
-the extra rows of every verification and gains nothing, so each request tracks its acceptance (an exponential
-average of accepted / drafted, starting from the average over all requests so far, so on a workload that
-rarely accepts a new request does not start out optimistic). Below ``MIN_ACCEPT`` it stops drafting for a while, twice as long after each
-failed probe, and drafts again to probe. Of the drafts proposed for a step, the best-accepted ones are kept
-while they raise the expected tokens per second of the step (engine/spec/cost.py: step time by rows, learnt
+the extra rows of every verification and gains nothing, so each request tracks its acceptance rate per draft
+position (an exponential average of accepted / positions tried, where the first rejected one was the last tried:
+the chance that a draft token is accepted given the ones before it were, which is what ``cost.expected_accepted``
+assumes; 1 of 8 accepted is 0.5, not 0.125), starting from the average over all requests so far, so on a workload
+that rarely accepts a new request does not start out optimistic). Below ``MIN_ACCEPT`` it stops drafting for a
+while, twice as long after each failed probe, and drafts again to probe. The drafts proposed for a step are cut to
+the lengths that maximise the step's expected tokens per second (engine/spec/cost.py: step time by rows, learnt
 from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
 A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
 one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
@@ -149,9 +151,9 @@ class Speculator:
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
-        keep = (len(found) if probe or not self._adaptive
-                else self.cost.choose(len(seqs), [(rate, len(d)) for rate, _, d in found]))
-        return scheduler.with_drafts(batch, {req: d for _, req, d in found[:keep]})
+        lengths = ([len(d) for _, _, d in found] if probe or not self._adaptive
+                   else self.cost.trim(len(seqs), [(rate, len(d)) for rate, _, d in found]))
+        return scheduler.with_drafts(batch, {req: d[:n] for (_, req, d), n in zip(found, lengths) if n})
 
     def _pays(self, decodes: int, chosen: list[tuple[ScheduledSeq, int]]) -> bool:
         """Whether drafting for ``chosen`` is expected to beat plain decoding in tokens per second, the
@@ -194,8 +196,9 @@ class Speculator:
         self.drafted += k
         self.accepted += hit
         self.verifications += 1
-        track.ema = (1 - EMA) * track.ema + EMA * hit / k
-        self.acceptance = (1 - GLOBAL_EMA) * self.acceptance + GLOBAL_EMA * hit / k
+        rate = hit / min(hit + 1, k)  # per position tried: the one after the last accepted was tried and missed
+        track.ema = (1 - EMA) * track.ema + EMA * rate
+        self.acceptance = (1 - GLOBAL_EMA) * self.acceptance + GLOBAL_EMA * rate
         if track.ema < MIN_ACCEPT:
             track.pause, track.backoff = track.backoff, min(BACKOFF_MAX, track.backoff * 2)
             track.ema = MIN_ACCEPT  # the probe after the pause starts at the threshold

@@ -116,3 +116,19 @@ def test_a_probe_that_found_nothing_to_verify_is_retried_on_the_next_step(tiny_m
     core.run_to_completion([req])
     assert 64 in drafter.at and 65 in drafter.at, drafter.at
     assert 128 not in drafter.at, "the retried probe, not the empty one, sets the next interval"
+
+
+def test_acceptance_is_counted_per_draft_position_tried() -> None:
+    """1 of 8 drafts accepted, every time: the 2nd position was tried and missed, so the rate is 1/2 (the chance a
+    draft token is accepted after an accepted one), not 1/8, and the request keeps drafting."""
+    spec = Speculator(SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=8),
+                      RandomDrafter(100), 100)
+    req = request("a")
+    for _ in range(12):
+        seq = ScheduledSeq(req, req.seq_len - 1, 9, sample=True, draft=(1,) * 8)
+        assert spec.verify(seq, [1, 9, 9, 9, 9, 9, 9, 9, 9]) == [1, 9]
+    track = spec._track(req)
+    assert track.pause == 0 and abs(track.ema - 0.5) < 0.01
+    for _ in range(3):  # nothing accepted: now it pauses
+        spec.verify(ScheduledSeq(req, req.seq_len - 1, 9, sample=True, draft=(1,) * 8), [9] * 9)
+    assert track.pause > 0
