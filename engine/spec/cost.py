@@ -30,7 +30,11 @@ def expected_accepted(rate: float, drafted: int) -> float:
 
 
 class StepCost:
-    def __init__(self) -> None:
+    def __init__(self, prior: dict[int, float] | None = None) -> None:
+        """``prior``: rows -> seconds timed at load (engine/spec/prior.py). It gives the curve's shape where no
+        step was seen; its level follows the steps seen (a timed forward lacks the sampling and bookkeeping of
+        a real step, so where both exist their mean difference is added to the prior's other row counts)."""
+        self._prior = dict(prior or {})
         self._mean: dict[int, float] = {}  # rows -> weighted mean seconds
         self._weight: dict[int, float] = {}  # rows -> weight of that mean (decayed as other steps arrive)
         self._table: list[tuple[int, float]] | None = None  # sorted (rows, non-decreasing seconds), rebuilt lazily
@@ -50,9 +54,12 @@ class StepCost:
 
     def _points(self) -> list[tuple[int, float]]:
         if self._table is None:
+            both = [self._mean[r] - t for r, t in self._prior.items() if r in self._mean]
+            offset = sum(both) / len(both) if both else 0.0
+            points = {r: t + offset for r, t in self._prior.items()} | self._mean
             table, top = [], 0.0
-            for r in sorted(self._mean):
-                top = max(top, self._mean[r])  # more rows never take less time
+            for r in sorted(points):
+                top = max(top, points[r])  # more rows never take less time
                 table.append((r, top))
             self._table = table
         return self._table

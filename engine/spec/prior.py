@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import torch
+
 from engine.mem.allocator import PageAllocator
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -62,6 +64,8 @@ def time_step(forward: Callable[[ScheduledBatch], object], allocator: PageAlloca
     try:
         start = time.perf_counter()
         forward(ScheduledBatch(seqs))
+        if torch.cuda.is_initialized():  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
         return time.perf_counter() - start
     finally:
         for s in seqs:

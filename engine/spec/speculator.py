@@ -20,8 +20,8 @@ request only, so a draft model that does not pay costs little more than its memo
 
 The cost models do not start empty: at load the engine times plain and verified steps, and a draft model's
 forward, over scratch pages (engine/spec/prior.py), so the first requests are decided on this host's costs. A
-drafter that could not pay even with every draft accepted (a draft model as slow as its target) starts with its
-probes already at the longest interval. ``--speculative-policy acceptance`` drafts wherever acceptance allows,
+drafter that could not pay even with every draft accepted (a draft model as slow as its target; with ``MARGIN``
+to spare) starts with its probes already at the longest interval. ``--speculative-policy acceptance`` drafts wherever acceptance allows,
 whatever the costs say (to measure a drafter where it cannot pay)."""
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
 EMA = 0.3  # weight of the newest verification in a request's acceptance average
 GLOBAL_EMA = 0.05  # the same over every request's verifications: a new request's prior
 CHEAP = 0.05  # a drafter whose time is below this share of a step's is left to the per-draft choice
+# a costly drafter must be expected to beat plain decoding by this much: its catch-up prefill and the wider
+# sampling of a verification are not in the costs (SmolLM2 float32 drafted by itself in bfloat16, batch 1,
+# predicted 1.05x with every draft accepted, measured 0.93x at 98% accepted)
+MARGIN = 0.10
 # steps a request pauses after its acceptance fell below MIN_ACCEPT, doubling per failed probe. Short, since
 # copying comes in bursts and a probe after a pause is cut to a draft or two (cost.trim): SmolLM2 float32 batch 1,
 # one interleaved run, ngram against off, a cap of 256 -> 8: copy 1.59x -> 1.65x, random prompts 1.12x -> 1.33x.
@@ -84,21 +88,19 @@ class Speculator:
     def _seed(self, prior: CostPrior) -> None:
         """Start the cost models from the load-time timings; a drafter that could not pay even with every draft
         accepted is probed only every ``PROBE_MAX`` steps."""
-        for rows, seconds in sorted(prior.target.items()):
-            self.cost.observe(rows, seconds)
-        for batch, seconds in sorted(prior.draft.items()):
-            self.draft_cost.observe(batch * prior.k, prior.k * seconds)
+        self.cost = StepCost(prior.target)
+        self.draft_cost = StepCost({batch * prior.k: prior.k * seconds for batch, seconds in prior.draft.items()})
         self.best_gain = prior.best_gain()
         log.info("speculation: drafter=%s, target step ms by rows %s, draft forward ms by requests %s, best gain %s",
                  self.drafter.name, {r: round(1e3 * t, 2) for r, t in prior.target.items()},
                  {b: round(1e3 * t, 2) for b, t in prior.draft.items()},
                  None if self.best_gain is None else round(self.best_gain, 2))
-        if self.best_gain is not None and self.best_gain < 1 and self._adaptive:
+        if self.best_gain is not None and self.best_gain < 1 + MARGIN and self._adaptive and prior.draft:
             self._probe_every = self._next_probe = PROBE_MAX
             log.warning("speculation: drafter %s cannot pay here: with all %d drafts accepted a batch-1 step would "
-                        "give %.2fx the tokens/s of plain decoding (draft forward %.1f ms, target step %.1f ms); "
-                        "it drafts only in a probe every %d steps", self.drafter.name, prior.k, self.best_gain,
-                        1e3 * prior.draft.get(1, 0.0), 1e3 * prior.target[1], PROBE_MAX)
+                        "give %.2fx the tokens/s of plain decoding, short of the %.2fx it needs (draft forward %.1f ms, "
+                        "target step %.1f ms); it drafts only in a probe every %d steps", self.drafter.name, prior.k,
+                        self.best_gain, 1 + MARGIN, 1e3 * prior.draft.get(1, 0.0), 1e3 * prior.target[1], PROBE_MAX)
 
     def _track(self, req: Request) -> _Track:
         t = self._tracks.get(req)
@@ -170,7 +172,7 @@ class Speculator:
             return True
         spent = (self.cost.estimate(decodes + asked) or 0.0) + own
         tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
-        return spent <= 0 or tokens / spent > decodes / base
+        return spent <= 0 or tokens / spent > (1 + MARGIN) * decodes / base
 
     def _checked(self, req: Request, draft: list[int]) -> list[int]:
         """The draft up to its first token outside the vocabulary or refused by the request's grammar."""

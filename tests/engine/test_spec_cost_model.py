@@ -84,3 +84,17 @@ def test_estimates_never_fall_as_rows_grow() -> None:
         cost.observe(rows, seconds)
     estimates = [cost.estimate(r) for r in range(1, 40)]
     assert estimates == sorted(estimates) and cost.estimate(8) == pytest.approx(0.030)
+
+
+def test_the_load_time_prior_follows_the_level_of_the_steps_seen() -> None:
+    """Timed at load, a forward lacks a real step's sampling and bookkeeping: once plain steps are seen, the
+    prior's other row counts move by the same difference, so a verification is not estimated as cheap as a bare
+    forward while plain decoding is measured whole."""
+    cost = StepCost({1: 0.010, 5: 0.020})
+    assert cost.estimate(5) == pytest.approx(0.020) and cost.estimate(3) == pytest.approx(0.015)
+    for _ in range(10):
+        cost.observe(1, 0.015)
+    assert cost.estimate(5) == pytest.approx(0.025) and cost.estimate(1) == pytest.approx(0.015)
+    for _ in range(50):
+        cost.observe(5, 0.030)  # seen itself: the step's own time wins
+    assert cost.estimate(5) == pytest.approx(0.030, rel=0.01)

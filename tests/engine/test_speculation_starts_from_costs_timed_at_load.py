@@ -29,15 +29,15 @@ def test_every_timed_shape_is_known_before_the_first_request(tiny_model_dir: Pat
     spec = core.spec
     assert spec.best_gain is not None and spec.best_gain > 0
     for rows in (b * r for b in BATCHES for r in (1, 1 + K)):
-        assert rows in spec.cost._mean, f"a {rows}-row step was not timed"
-    assert not spec.draft_cost._mean, "the n-gram drafter runs no forward to time"
+        assert rows in spec.cost._prior, f"a {rows}-row step was not timed"
+    assert not spec.draft_cost._prior, "the n-gram drafter runs no forward to time"
 
 
 def test_a_draft_models_forward_is_timed_too_and_both_pools_stay_idle(tiny_model_dir: Path) -> None:
     core = make_core(tiny_model_dir, speculative=draft_config(tiny_model_dir, K))
     spec = core.spec
-    assert sorted(spec.draft_cost._mean) == [b * K for b in BATCHES]
-    assert all(seconds > 0 for seconds in spec.draft_cost._mean.values())
+    assert sorted(spec.draft_cost._prior) == [b * K for b in BATCHES]
+    assert all(seconds > 0 for seconds in spec.draft_cost._prior.values())
     assert spec.best_gain is not None and spec.best_gain > 0  # its value is a timing: not asserted
     assert core.allocator.available == core.allocator.capacity
     draft_pool_idle(core)
