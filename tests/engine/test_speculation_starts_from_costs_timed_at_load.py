@@ -1,7 +1,7 @@
 """At load, a speculating engine times plain and verified steps (and a draft model's forward) over scratch pages,
 so its first decisions follow this host's costs: every timed shape is in the cost model before the first request,
-the pools are idle afterwards, a drafter timed as too slow to ever pay does not draft at all in 400 steps (its
-probes start at the longest interval), a probe while drafting does not pay drafts for one request only, and
+the pools are idle afterwards, a drafter timed as too slow to ever pay does not draft at all (not even to
+probe), a probe while drafting does not pay drafts for one request only, and
 ``--speculative-policy acceptance`` drafts regardless of the costs."""
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def test_a_drafter_timed_too_slow_to_pay_drafts_only_under_the_acceptance_policy
     core = make_core(tiny_model_dir, speculative=dataclasses.replace(CFG, speculative_policy=policy),
                      drafter=drafter)
     assert core.spec.best_gain is not None and core.spec.best_gain < 0.1
+    assert core.spec.hopeless == (policy == "adaptive")
     req = core.make_request([5, 6, 7, 8], SamplingParams(max_new_tokens=400, temperature=0, ignore_eos=True),
                             detokenize=False)
     core.run_to_completion([req])
