@@ -100,8 +100,9 @@ class Speculator:
         if self.best_gain is not None and self.best_gain < 1 + MARGIN and self._adaptive and prior.draft:
             self.hopeless = True
             log.warning("speculation: drafter %s cannot pay here: with all %d drafts accepted a batch-1 step would "
-                        "give %.2fx the tokens/s of plain decoding, short of the %.2fx it needs (draft forward %.1f ms, "
-                        "target step %.1f ms); it will not draft (--speculative-policy acceptance drafts regardless)",
+                        "give %.2fx the tokens/s of plain decoding, short of the %.2fx it needs (draft forward "
+                        "%.1f ms, target step %.1f ms); it will not draft (--speculative-policy acceptance "
+                        "drafts regardless)",
                         self.drafter.name, prior.k, self.best_gain, 1 + MARGIN, 1e3 * prior.draft.get(1, 0.0),
                         1e3 * prior.target[1])
 
