@@ -12,8 +12,8 @@ assumed. ``trim`` cuts each draft to the length that, over the whole step, maxim
 (decodes + expected accepted drafts) / time(rows), a request's i-th draft token counting its acceptance rate to the
 i-th power (so a well-accepted request keeps a long draft and a doubtful one a short one; the choice before it kept
 or dropped each request's whole draft). Until steps of more than one row count were seen, extra rows are taken as
-free (so drafting starts by exploring); the speculator also keeps every draft on one step in ``PROBE_EVERY``, so
-the cost of extra rows keeps being measured."""
+free (so drafting starts by exploring); the speculator also verifies a draft token of every drafted request on one
+step in ``PROBE_EVERY``, so the cost of extra rows keeps being measured."""
 from __future__ import annotations
 
 import bisect

@@ -52,7 +52,7 @@ MARGIN = 0.10
 # copying comes in bursts and a probe after a pause is cut to a draft or two (cost.trim): SmolLM2 float32 batch 1,
 # one interleaved run, ngram against off, a cap of 256 -> 8: copy 1.59x -> 1.65x, random prompts 1.12x -> 1.33x.
 BACKOFF_MIN, BACKOFF_MAX = 4, 8
-PROBE_EVERY = 64  # drafting steps: one in this many keeps every draft, so the step cost of its rows is re-measured
+PROBE_EVERY = 64  # drafting steps: in one of this many every drafted request verifies at least one draft token
 PROBE_MAX = 2048  # the longest probe interval, reached while a costly drafter keeps not paying
 
 
@@ -162,8 +162,12 @@ class Speculator:
         drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
         found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
                        key=lambda t: -t[0])
-        lengths = ([len(d) for _, _, d in found] if probe or not self._adaptive
-                   else self.cost.trim(len(seqs), [(rate, len(d)) for rate, _, d in found]))
+        if not self._adaptive or (probe and not pays):  # one request's whole draft (a probe that does not pay)
+            lengths = [len(d) for _, _, d in found]
+        else:
+            lengths = self.cost.trim(len(seqs), [(rate, len(d)) for rate, _, d in found])
+            if probe:  # every request verifies at least its first draft token, so that an acceptance the cuts
+                lengths = [max(1, n) for n in lengths]  # keep at zero can recover (whole drafts cost 3x a step)
         return scheduler.with_drafts(batch, {req: d[:n] for (_, req, d), n in zip(found, lengths) if n})
 
     def _pays(self, decodes: int, chosen: list[tuple[ScheduledSeq, int]]) -> bool:

@@ -132,3 +132,40 @@ def test_acceptance_is_counted_per_draft_position_tried() -> None:
     for _ in range(3):  # nothing accepted: now it pauses
         spec.verify(ScheduledSeq(req, req.seq_len - 1, 9, sample=True, draft=(1,) * 8), [9] * 9)
     assert track.pause > 0
+
+
+class _Frozen(type(learnt(lambda rows: 0.0))):
+    """A cost model that keeps the costs it was taught (the tiny model's real steps would flatten them)."""
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if not getattr(self, "frozen", False):
+            super().observe(rows, seconds)
+
+
+def test_a_probe_where_rows_cost_a_decode_each_verifies_one_draft_token_per_request(
+        tiny_model_dir) -> None:  # noqa: ANN001
+    from tests.engine.conftest import make_core
+
+    core = make_core(tiny_model_dir, speculative=CFG, drafter=RandomDrafter(100))
+    cost = _Frozen()
+    for rows in (1, 2, 4, 8, 16, 32):
+        for _ in range(30):
+            cost.observe(rows, 0.005 * rows)
+    cost.frozen = True
+    core.spec.cost = cost
+    lengths: list[int] = []
+    verify = core.spec.verify
+
+    def recording(seq, sampled):  # noqa: ANN001, ANN202
+        if seq.draft:
+            lengths.append(len(seq.draft))
+        return verify(seq, sampled)
+    core.spec.verify = recording
+    reqs = [core.make_request([5, 6, 7, 8 + i], SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True),
+                              detokenize=False) for i in range(4)]
+    core.run_to_completion(reqs)
+    # the first steps draft whole (acceptance starts at 1); once random drafts are rejected, only the probes
+    # every 64 steps verify, one token per request, where whole drafts would be four
+    late = lengths[16:]
+    assert late and set(late) == {1}, lengths
+    core.check_integrity()
