@@ -7,7 +7,6 @@ import random
 from dataclasses import replace
 
 from engine.config import SpeculativeConfig
-
 from engine.request import Request
 from engine.spec import Drafter
 

@@ -72,8 +72,9 @@ class Speculator:
         self._tracks: weakref.WeakKeyDictionary[Request, _Track] = weakref.WeakKeyDictionary()
         cfg.check()
         self._adaptive = cfg.speculative_policy == "adaptive"  # "acceptance": costs are measured, never obeyed
-        self.cost = StepCost()
-        self.draft_cost = StepCost()  # the drafter's own seconds, by tokens proposed
+        self.cost = StepCost(prior.target if prior else None)
+        # the drafter's own seconds, by tokens proposed
+        self.draft_cost = StepCost({b * prior.k: prior.k * t for b, t in prior.draft.items()} if prior else None)
         self._steps = 0
         self._probe_every = PROBE_EVERY
         self._next_probe = PROBE_EVERY
@@ -87,11 +88,8 @@ class Speculator:
         self.verifications = 0  # drafted requests verified (one per request per step)
 
     def _seed(self, prior: CostPrior) -> None:
-        """Start the cost models from the load-time timings; a drafter that could not pay even with every draft
-        accepted is turned off (its probes, each catching a request's prompt up in the draft, cost SmolLM2 at
+        """Log the load-time timings; a drafter that could not pay even with every draft accepted is turned off (its probes, each catching a request's prompt up in the draft, cost SmolLM2 at
         batch 16 up to 14% of its decode tokens/s while drafting nothing)."""
-        self.cost = StepCost(prior.target)
-        self.draft_cost = StepCost({batch * prior.k: prior.k * seconds for batch, seconds in prior.draft.items()})
         self.best_gain = prior.best_gain()
         log.info("speculation: drafter=%s, target step ms by rows %s, draft forward ms by requests %s, best gain %s",
                  self.drafter.name, {r: round(1e3 * t, 2) for r, t in prior.target.items()},

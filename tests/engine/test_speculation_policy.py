@@ -9,6 +9,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.spec import Speculator
+from engine.spec.cost import StepCost
 from tests.drafters import RandomDrafter
 from tests.engine.test_spec_cost_model import learnt
 
@@ -134,11 +135,13 @@ def test_acceptance_is_counted_per_draft_position_tried() -> None:
     assert track.pause > 0
 
 
-class _Frozen(type(learnt(lambda rows: 0.0))):
+class _Frozen(StepCost):
     """A cost model that keeps the costs it was taught (the tiny model's real steps would flatten them)."""
 
+    frozen = False
+
     def observe(self, rows: int, seconds: float) -> None:
-        if not getattr(self, "frozen", False):
+        if not self.frozen:
             super().observe(rows, seconds)
 
 
