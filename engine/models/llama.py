@@ -10,23 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.config import ArchConfig
+from engine.models.norm import RMSNorm
 from engine.models.rope import RotaryEmbedding, rotate
 
 if TYPE_CHECKING:
     from engine.runner.attention.base import AttentionBackend
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
 
 
 class Attention(nn.Module):
@@ -78,10 +66,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                backend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, backend)
-        return x.add_(self.mlp(self.post_attention_layernorm(x)))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
+                backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: the last layer's MLP output (the embeddings for the first layer), ``residual``: the running
+        sum of the outputs before it (None for the first layer). Returns this layer's MLP output and the running
+        sum, which now includes ``x`` and the attention output: the next norm adds the MLP output in."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h = self.input_layernorm.add(x, residual)
+        h = self.post_attention_layernorm.add(self.self_attn(h, rope, backend), residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -103,8 +98,9 @@ class CausalLM(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         rope = self.rope.table(positions, h.dtype)  # once per forward, shared by every layer
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            h = layer(h, rope, backend)
-        h = self.norm(h[logit_rows])
+            h, residual = layer(h, residual, rope, backend)
+        h = self.norm(h[logit_rows]) if residual is None else self.norm.add(h[logit_rows], residual[logit_rows])
         logits = F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
         return logits.float()

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from engine.models import row_ops
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -53,7 +55,12 @@ class RotaryEmbedding(torch.nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of x [T, heads, D] with cos/sin [T, 1, D] (a new tensor; x is left alone)."""
+    """Rotate-half RoPE of x [T, heads, D] with cos/sin [T, 1, D] (a new tensor; x is left alone): one native
+    call where it can (row_ops.c, the same roundings), five torch ops otherwise."""
+    lib = row_ops.usable(x, cos, sin)
+    out = None if lib is None else row_ops.rope(lib, x, cos, sin)
+    if out is not None:
+        return out
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
     return (x * cos).add_(rotated)  # x * cos + rotate_half(x) * sin, rounded as HF rounds it

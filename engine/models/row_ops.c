@@ -1,0 +1,118 @@
+/* The small per-row ops of a decoder layer, for float32 or bfloat16 rows: RMSNorm, optionally fused with the
+ * residual add before it, and rotate-half RoPE (below). The norm:
+ *   residual += x (rounded to the dtype, as torch's add rounds it);
+ *   out = w * (residual * rsqrt(mean(residual^2) + eps))
+ * or, without a residual, the same over x. The arithmetic is float32 and the roundings are torch's own
+ * (the pure-torch path in engine/models/norm.py): bfloat16 rounds h = v * r to bfloat16 before the weight multiplies
+ * it, then rounds the product; only the order of the sum of squares differs (a few float32 ulps of the mean).
+ *
+ * Why: in torch the norm is seven small ops (cast, pow, mean, add, rsqrt, mul, mul) and the residual add an eighth,
+ * each a dispatch and an allocation; at decode batch sizes, where a row is 576 values, their overhead is the cost
+ * (SmolLM2's 61 norms: about 2 ms of a 23 ms batch-1 step on 2 cores). Rows are independent: OpenMP splits them
+ * when there are enough to pay for waking the threads. Returns 0, or -1 for a dtype it does not take. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PARALLEL_ROWS 64 /* fewer rows run on the calling thread */
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* round to nearest even, as c10::BFloat16 does; NaN stays a (quiet) NaN */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void row_f32(const float *x, float *res, const float *w, float *out, int dim, float eps) {
+    const float *v = x;
+    if (res) {
+        for (int i = 0; i < dim; i++) res[i] += x[i];
+        v = res;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < dim; i++) sum += v[i] * v[i];
+    const float r = 1.0f / sqrtf(sum / (float)dim + eps);
+    for (int i = 0; i < dim; i++) out[i] = w[i] * (v[i] * r);
+}
+
+static void row_bf16(const uint16_t *x, uint16_t *res, const uint16_t *w, uint16_t *out, int dim, float eps,
+                     float *scratch) {
+    float sum = 0.0f;
+    for (int i = 0; i < dim; i++) {
+        float v = bf16_to_f32(x[i]);
+        if (res) {
+            res[i] = f32_to_bf16(bf16_to_f32(res[i]) + v);
+            v = bf16_to_f32(res[i]);
+        }
+        scratch[i] = v;
+        sum += v * v;
+    }
+    const float r = 1.0f / sqrtf(sum / (float)dim + eps);
+    for (int i = 0; i < dim; i++) out[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(scratch[i] * r)));
+}
+
+/* x, residual (or NULL) and out: [rows, dim], contiguous; w: [dim]; dtype 0 = float32, 1 = bfloat16 */
+int splitserve_rms_norm(const void *x, void *residual, const void *w, void *out, int rows, int dim, float eps,
+                        int dtype, int threads) {
+    if (rows < 0 || dim < 1 || dim > 16384 || (dtype != 0 && dtype != 1)) return -1;
+    const int nt = rows >= PARALLEL_ROWS && threads > 1 ? threads : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int r = 0; r < rows; r++) {
+        const int64_t at = (int64_t)r * dim;
+        if (dtype == 0) {
+            row_f32((const float *)x + at, residual ? (float *)residual + at : 0, (const float *)w,
+                    (float *)out + at, dim, eps);
+        } else {
+            float scratch[dim];
+            row_bf16((const uint16_t *)x + at, residual ? (uint16_t *)residual + at : 0, (const uint16_t *)w,
+                     (uint16_t *)out + at, dim, eps, scratch);
+        }
+    }
+    return 0;
+}
+
+/* Rotate-half RoPE: out[t][h] = x[t][h] * cos[t] + rotate_half(x[t][h]) * sin[t], each product and the sum
+ * rounded to bfloat16 as torch's mul, mul_ and add_ round them (engine/models/rope.py; in float32 the compiler
+ * may fuse a product into the add, which differs from torch by an ulp). x: [tokens, heads, dim]
+ * with rows (tokens) ``row_stride`` elements apart (q and k inside the fused QKV projection's output); out:
+ * contiguous; cos, sin: [tokens, dim]. */
+int splitserve_rope(const void *x, int64_t row_stride, void *out, const void *cos_t, const void *sin_t, int tokens,
+                    int heads, int dim, int dtype, int threads) {
+    if (tokens < 0 || heads < 1 || dim < 2 || dim % 2 || (dtype != 0 && dtype != 1)) return -1;
+    const int half = dim / 2, nt = tokens >= PARALLEL_ROWS && threads > 1 ? threads : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < tokens; t++) {
+        for (int h = 0; h < heads; h++) {
+            const int64_t in = (int64_t)t * row_stride + (int64_t)h * dim, at = ((int64_t)t * heads + h) * dim;
+            if (dtype == 0) {
+                const float *xr = (const float *)x + in, *c = (const float *)cos_t + (int64_t)t * dim,
+                            *s = (const float *)sin_t + (int64_t)t * dim;
+                float *o = (float *)out + at;
+                for (int i = 0; i < dim; i++) {
+                    const float rot = i < half ? -xr[i + half] : xr[i - half];
+                    o[i] = xr[i] * c[i] + rot * s[i]; /* may contract to an FMA: one rounding fewer */
+                }
+            } else {
+                const uint16_t *xr = (const uint16_t *)x + in, *c = (const uint16_t *)cos_t + (int64_t)t * dim,
+                               *s = (const uint16_t *)sin_t + (int64_t)t * dim;
+                uint16_t *o = (uint16_t *)out + at;
+                for (int i = 0; i < dim; i++) {
+                    const float rot = i < half ? -bf16_to_f32(xr[i + half]) : bf16_to_f32(xr[i - half]);
+                    const float a = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * bf16_to_f32(c[i])));
+                    const float b = bf16_to_f32(f32_to_bf16(rot * bf16_to_f32(s[i])));
+                    o[i] = f32_to_bf16(a + b);
+                }
+            }
+        }
+    }
+    return 0;
+}

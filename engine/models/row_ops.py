@@ -1,0 +1,53 @@
+"""The native row kernels of a decoder layer (row_ops.c): RMSNorm (alone or fused with the residual add) and
+rotate-half RoPE, for float32 and bfloat16 CPU tensors. Each replaces several small torch ops with one call; at
+decode batch sizes those ops cost their dispatch and allocation, not their arithmetic. Callers check ``usable``
+and otherwise take their pure-torch path (other devices and dtypes, hosts without a C compiler)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from engine import native
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+MAX_NORM_DIM = 16384  # the norm's per-row scratch lives on the stack
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    lib = native.load(Path(__file__).with_name("row_ops.c"))
+    if lib is not None:
+        lib.splitserve_rms_norm.restype = ctypes.c_int
+        lib.splitserve_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + [ctypes.c_float] + \
+            [ctypes.c_int] * 2
+        lib.splitserve_rope.restype = ctypes.c_int
+        lib.splitserve_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
+            [ctypes.c_int] * 5
+    return lib
+
+
+def usable(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The library, when every tensor is a CPU tensor of one dtype the kernels take and no graph is recorded."""
+    dtype = tensors[0].dtype
+    if (dtype not in DTYPE_CODES or torch.is_grad_enabled()
+            or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors)):
+        return None
+    return kernel()
+
+
+def rope(lib: ctypes.CDLL, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """Rotate-half RoPE of x [T, heads, D] (heads and D contiguous, tokens any stride) with cos/sin [T, 1, D]
+    contiguous, as a new contiguous tensor; None for layouts the kernel does not take."""
+    t, heads, dim = x.shape
+    if (x.stride(2) != 1 or x.stride(1) != dim or not cos.is_contiguous() or not sin.is_contiguous()
+            or cos.shape != (t, 1, dim) or sin.shape != cos.shape):
+        return None
+    out = torch.empty(t, heads, dim, dtype=x.dtype)
+    rc = lib.splitserve_rope(x.data_ptr(), x.stride(0), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, heads,
+                             dim, DTYPE_CODES[x.dtype], torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"RoPE kernel refused {x.dtype} x {tuple(x.shape)}")
+    return out
