@@ -22,8 +22,9 @@ from engine.models import row_ops
 from engine.spec.prior import time_step
 
 REPO = Path(__file__).resolve().parent.parent
-# (sequences, rows each): batch-1 decode, a batch-1 verification of 4 drafts, batch-16 decode
-SHAPES = [(1, 1), (1, 5), (16, 1)]
+# (sequences, rows each): batch-1 decode, a batch-1 verification of 4 drafts, batch-16 decode, and a step of 512
+# rows after 128 tokens of context, the size of a default prefill chunk (the kernels split rows over threads there)
+SHAPES = [(1, 1), (1, 5), (16, 1), (1, 512)]
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 import httpx
 
 from benchmarks.bench_spec import copy_tasks
+from benchmarks.bench_vs_vllm import vllm_env
 from benchmarks.common import Process, machine, model_dir, table, write_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,9 +41,7 @@ def servers(args: argparse.Namespace) -> dict[str, Process]:
             "--max-total-tokens", "32768"]
     vllm = ["--model", str(args.hf_model), "--dtype", args.dtype, "--served-model-name", NAME,
             "--max-model-len", "4096", "--host", "127.0.0.1"]
-    # VLLM_TARGET_DEVICE: its "cpu" version tag is not in PyPI's name; OMP_NUM_THREADS: both cores, as ours has
-    # (by default it reduces torch to one thread when serving)
-    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": str(os.cpu_count())}
+    env = vllm_env("all")  # its model threads on both cores, as ours
     python = str(REPO / args.vllm_venv / "bin" / "python")
     return {
         "ours": Process("engine", ours),

@@ -128,15 +128,26 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def rss_bytes(pid: int) -> int:
-    """A process's resident set size (Linux /proc), 0 once it is gone."""
+def _proc_kib(pid: int, file: str, key: str) -> int:
+    """One ``key: N kB`` line of /proc/<pid>/<file>, in bytes; 0 once the process is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident set size (Linux /proc), 0 once it is gone."""
+    return _proc_kib(pid, "status", "VmRSS:")
+
+
+def pss_bytes(pid: int) -> int:
+    """A process's proportional set size: its resident pages, each shared page divided among its sharers, so a
+    tree's sum counts the libraries and shared memory its processes share once (0 once it is gone)."""
+    return _proc_kib(pid, "smaps_rollup", "Pss:")
 
 
 def port_is_free(host: str, port: int) -> bool:

