@@ -4,17 +4,22 @@ Single benchmark runs on a shared host move by 10-20%, more than most changes th
 one builds one engine per variant in the same process, brings each to a full batch in decode (the same
 prompts), then steps them alternately and reports each one's median decode step, so slow and fast phases of
 the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
-generic bodies on twelve layers' pools (K/V from DRAM) and on pages every sequence shares (compute only).
+generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's, alternating) on every layer's
+pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only).
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
     python -m benchmarks.bench_decode_ab --kernel
+    python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import statistics
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +28,10 @@ import torch
 
 from benchmarks.bench_engine import DTYPES, prompts_for
 from benchmarks.common import BENCH_MODELS, machine, model_dir, table, write_json
+from engine import native
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
+from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
 from engine.sampling_params import SamplingParams
 
 
@@ -74,13 +81,35 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
              "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
 
 
-def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
+def kernel_at(rev: str) -> ctypes.CDLL:
+    """The decode kernel as it was at git revision ``rev`` (compiled like the current one), for an A/B."""
+    source = Path(__file__).resolve().parent.parent / "engine/runner/attention/cpu_decode.c"
+    text = subprocess.run(["git", "-C", str(source.parent), "show", f"{rev}:./{source.name}"], check=True,
+                          capture_output=True, text=True).stdout
+    copy = Path(tempfile.mkdtemp()) / f"cpu_decode_{rev.replace('/', '_')}.c"
+    copy.write_text(text)
+    lib = native.load(copy)
+    if lib is None:
+        raise SystemExit("no C compiler: the native decode kernel is unavailable")
+    fn = lib.splitserve_decode_attention
+    fn.restype, fn.argtypes = ctypes.c_int, decode_kernel().splitserve_decode_attention.argtypes
+    return lib
 
+
+def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per dtype pair: the AVX-512 and generic bodies (or, with ``--kernel-base REV``, this tree's AVX-512 body
+    against REV's, alternating per sample) on pools bigger than the caches ("dram": every sequence's pages
+    scattered at random, as a pool that has cycled holds them) and on pages every sequence shares ("hot")."""
     lib = decode_kernel()
     if lib is None:
         raise SystemExit("no C compiler: the native decode kernel is unavailable")
-    heads, kv_heads, dim, page, layers = 12, 4, 64, 16, 12  # the 150M model's attention
+    if args.kernel_shape == "smollm2":
+        heads, kv_heads, dim, layers = 9, 3, 64, 30
+    else:  # the 150M model's attention
+        heads, kv_heads, dim, layers = 12, 4, 64, 12
+    page = args.page_size
+    bodies = ({"this": (lib, False), args.kernel_base: (kernel_at(args.kernel_base), False)} if args.kernel_base
+              else {"avx512": (lib, False), "generic": (lib, True)})
     pages_per_seq = -(-args.context // page)
     num_pages = args.batch * pages_per_seq + 1
     gen = torch.Generator().manual_seed(0)
@@ -94,16 +123,20 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
                   "hot": scattered[:pages_per_seq].expand(args.batch, pages_per_seq).contiguous()}
         lens = torch.full((args.batch,), args.context, dtype=torch.int64)
         q = torch.randn(args.batch, heads, dim, generator=gen).to(q_dtype)
+        kv_bytes = 2 * args.batch * args.context * kv_heads * dim * kv_dtype.itemsize
         row: dict[str, Any] = {"q/kv dtype": f"{q_dtype}/{kv_dtype}".replace("torch.", "")}
-        for generic in (False, True):
-            for name, tab in tables.items():
-                samples = []
-                for _ in range(5):
+        for name, tab in tables.items():
+            samples: dict[str, list[float]] = {body: [] for body in bodies}
+            for _ in range(args.kernel_repeats):
+                for body, (kernel, generic) in bodies.items():
                     start = time.perf_counter()
                     for k, v in pools:
-                        decode_attention(lib, q, k, v, tab, lens, page, dim ** -0.5, generic=generic)
-                    samples.append((time.perf_counter() - start) / layers * 1e3)
-                row[f"{'generic' if generic else 'avx512'} {name} ms/layer"] = statistics.median(samples)
+                        decode_attention(kernel, q, k, v, tab, lens, page, dim ** -0.5, generic=generic)
+                    samples[body].append((time.perf_counter() - start) / layers * 1e3)
+            for body, times in samples.items():
+                row[f"{body} {name} ms/layer"] = round(statistics.median(times), 3)
+                if name == "dram":
+                    row[f"{body} dram GB/s"] = round(kv_bytes / statistics.median(times) / 1e6, 1)
         rows.append(row)
     return rows
 
@@ -119,6 +152,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="decode steps timed per variant")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kernel", action="store_true", help="time the decode-attention kernel alone instead")
+    ap.add_argument("--kernel-base", default=None, metavar="REV",
+                    help="--kernel: time this tree's kernel against the one at git revision REV, alternating")
+    ap.add_argument("--kernel-shape", default="150m", choices=("150m", "smollm2"),
+                    help="--kernel: the attention shapes and layer count timed")
+    ap.add_argument("--kernel-repeats", type=int, default=5, help="--kernel: samples per body and table")
+    ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
