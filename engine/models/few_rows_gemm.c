@@ -12,29 +12,10 @@
  * AVX-512 where the compiler targets it, two AVX2 halves otherwise); the tail of K runs scalar. Up to 16 x rows
  * keep an accumulator each in registers; more are taken 8 at a time against the weight row, which stays in L1.
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
-#include <stdint.h>
-#include <string.h>
+#include "vec16.h"
 
 #define MAX_ROWS 64
 #define REG_ROWS 16 /* up to this many x rows keep one accumulator each in registers; more go in tiles of 8 */
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline v16 load16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
-static inline float hsum(v16 v) {
-    v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    v += __builtin_shuffle(v, (v16i){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    v += __builtin_shuffle(v, (v16i){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    v += __builtin_shuffle(v, (v16i){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-    return v[0];
-}
 
 /* ROWS x rows (a constant after inlining) against one weight row, read once, front to back (one stream per
  * thread), the ROWS accumulators in registers. Tiles of 4 weight rows x 4 x rows measured about the same, and
@@ -45,11 +26,11 @@ static inline __attribute__((always_inline)) void row_dot(const float *x, int k_
     for (int i = 0; i < rows; i++) acc[i] = (v16){0};
     const int kv = k_dim & ~15;
     for (int k = 0; k < kv; k += 16) {
-        const v16 wv = load16(w + k);
-        for (int i = 0; i < rows; i++) acc[i] += load16(x + (int64_t)i * k_dim + k) * wv;
+        const v16 wv = load16f(w + k);
+        for (int i = 0; i < rows; i++) acc[i] += load16f(x + (int64_t)i * k_dim + k) * wv;
     }
     for (int i = 0; i < rows; i++) {
-        float s = hsum(acc[i]);
+        float s = hsum16(acc[i]);
         const float *xr = x + (int64_t)i * k_dim;
         for (int k = kv; k < k_dim; k++) s += xr[k] * w[k];
         y[(int64_t)i * n_total] = s + bias;

@@ -1,6 +1,7 @@
 """Paged attention for CPU and CUDA built on torch: each extend (prefill chunk) attends over its cached prefix
-plus itself with a causal mask (SDPA); decodes are batched. On CPU, decodes use the native kernel of
-cpu_kernels.py (reads pages in place); elsewhere, or without a compiler, they gather a padded page table."""
+plus itself with a causal mask (SDPA); decodes are batched. On CPU, decodes and extends use the native kernels of
+cpu_kernels.py (they read pages in place, all of a step's extends in one call); elsewhere, or without a
+compiler, decodes gather a padded page table and extends gather their prefix for SDPA."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +9,8 @@ import torch.nn.functional as F
 
 from engine.mem.kv_pool import KVPool
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
-from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel, decode_supported
+from engine.runner.attention.cpu_kernels import (decode_attention, decode_kernel, decode_supported, prefill_attention,
+                                                 prefill_kernel, prefill_supported)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -26,6 +28,12 @@ class TorchAttentionBackend(AttentionBackend):
         if native is not None and not decode_supported(native, head_dim, num_heads, shape.num_kv_heads, self.page_size):
             native = None  # shapes beyond the kernel's limits decode through the gather path
         self._native = native
+        prefill = prefill_kernel() if pool.data.device.type == "cpu" else None
+        if prefill is not None and not prefill_supported(prefill, head_dim, num_heads, shape.num_kv_heads,
+                                                         self.page_size):
+            prefill = None
+        self._prefill = prefill
+        self._prefill_args: tuple[torch.Tensor, ...] | None = None
 
     def begin(self, meta: AttentionMeta) -> None:
         self._meta = meta
@@ -40,6 +48,16 @@ class TorchAttentionBackend(AttentionBackend):
             valid = torch.arange(width, device=device).unsqueeze(0) < meta.decode_kv_lens.unsqueeze(1)
             self._decode_mask = valid[:, None, None, :]  # [B, 1, 1, L]
         self._extend = []
+        self._prefill_args = None
+        if meta.extends and self._prefill is not None:  # one call per layer for all extends
+            width = max(len(seq.pages) for seq in meta.extends)
+            table = torch.zeros(len(meta.extends), width, dtype=torch.long)
+            for i, seq in enumerate(meta.extends):
+                table[i, :len(seq.pages)] = seq.pages
+            self._prefill_args = (torch.tensor([seq.q_start for seq in meta.extends]),
+                                  torch.tensor([seq.q_len for seq in meta.extends]),
+                                  torch.tensor([seq.kv_len for seq in meta.extends]), table)
+            return
         for seq in meta.extends:
             slots = (seq.pages.unsqueeze(-1) * p + offsets).reshape(-1)[: seq.kv_len]
             prefix = seq.kv_len - seq.q_len
@@ -58,7 +76,7 @@ class TorchAttentionBackend(AttentionBackend):
             v = v.to(v_cache.dtype)
         k_cache.index_copy_(0, meta.out_slots, k)
         v_cache.index_copy_(0, meta.out_slots, v)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decode
         if nd and self._native is not None:
             out[:nd] = decode_attention(self._native, q[:nd].contiguous(), k_cache, v_cache, meta.decode_page_table,
@@ -70,6 +88,9 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self._decode_mask, scale=self.scale,
                                                enable_gqa=True)
             out[:nd] = o.squeeze(2)
+        if self._prefill_args is not None:
+            prefill_attention(self._prefill, q, k_cache, v_cache, out, *self._prefill_args, self.page_size,
+                              self.scale)
         for start, n, slots, mask in self._extend:
             qe = q[start:start + n].transpose(0, 1)  # [H, n, D]
             if mask is None:  # nothing cached before this chunk: attend over the new k/v, no gather

@@ -1,0 +1,28 @@
+/* 16-float vectors for the native kernels (engine/native.py compiles them with this folder on the include
+ * path and keys its cache on this file too): GCC vector extensions, so AVX-512 where the compiler targets it
+ * and two or four narrower vectors otherwise. */
+#ifndef SPLITSERVE_VEC16_H
+#define SPLITSERVE_VEC16_H
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline v16 load16f(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store16f(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
+static inline float hsum16(v16 v) {
+    v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    v += __builtin_shuffle(v, (v16i){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    v += __builtin_shuffle(v, (v16i){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    v += __builtin_shuffle(v, (v16i){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    return v[0];
+}
+#endif
