@@ -4,19 +4,23 @@
  * BQ query positions (with the query heads that share the kv head); it walks the keys up to its last position
  * BK at a time, keeping scores, running max and denominators, and the output rows in float32 (online softmax).
  *
- * Per key block: K is converted to float32 and transposed into [D][BK], so a query row's BK scores are D
- * broadcast-FMAs into one vector (no horizontal sums), RB query rows at a time sharing each K load; the
- * weights then multiply the block's V rows (converted once) into the output rows, RB rows x 64 dims at a time.
- * Written with GCC vector extensions: AVX-512 where the compiler targets it, narrower vectors otherwise. Tasks
- * are taken dynamically, the longest (latest positions) first, since causal tasks differ in length.
+ * Per key block: K is converted to float32 and transposed (16 x 16 lanes by shuffles) into [D][BK], so a query
+ * row's BK scores are D broadcast-FMAs into one vector (no horizontal sums), RB query rows sharing each K load,
+ * two FMA chains per row; the weights then multiply the block's V rows (converted once) into the output rows,
+ * RB rows x PVW vectors at a time. Written with GCC vector extensions: AVX-512 where the compiler targets it,
+ * narrower vectors otherwise. Tasks are taken dynamically, the longest (latest positions) first, since causal
+ * tasks differ in length.
  *
  * Why: torch's CPU flash attention (SDPA) took 45% of a bfloat16 SmolLM2 prefill step (8 x 512 tokens: 949 ms
- * of 2.1 s, 30 layers; 3.6-4.7 ms per sequence and layer for 9 heads x 512 x 64, ~80 GFLOP/s); see
- * docs/benchmarks.md for this kernel against it.
+ * of 2.1 s, 30 layers; 3.6-4.7 ms per sequence and layer for 9 heads x 512 x 64, ~80 GFLOP/s). Tuned on that
+ * shape (AMD EPYC, 2 cores, variants alternating in one process): one FMA chain per row and 4 rows per load
+ * 21 ms a layer, 8 rows 1.11-1.25x, a second chain 1.05-1.11x, the shuffle transpose (it was scalar stores)
+ * 1.03x, 2 output vectors per row instead of 4 (32 registers spilled) 1.07x: 12.4 ms, ~190 GFLOP/s; 32
+ * positions per task against 64: 0.95x, kept for shorter prompts' balance. docs/benchmarks.md has the step.
  *
  * Layout: q/out rows [T, heads, D] (heads and D contiguous, rows `q_stride`/`out_stride` elements apart, so q
- * may be a view of the fused projection); k_cache/v_cache [slots, kv_heads, D]; per sequence: its first row in q (q_starts),
- * query rows (q_lens), keys attended by its last row (kv_lens; the prefix is kv_len - q_len) and its pages
+ * may be a view of the fused projection); k_cache/v_cache [slots, kv_heads, D]; per sequence: its first row in
+ * q (q_starts), query rows (q_lens), keys attended by its last row (kv_lens; the prefix is kv_len - q_len) and its pages
  * (page_table [nseq, max_pages]). dtype (q, out) and kv_dtype: 0 = float32, 1 = bfloat16, 2 = float16.
  * Returns 0, -1 for shapes it does not take, -2 out of memory. */
 #include <stdint.h>
@@ -25,9 +29,10 @@
 
 #include "vec16.h"
 
-#define BQ 16 /* query positions per task */
+#define BQ 32 /* query positions per task */
 #define BK 16 /* keys per block: one vector of scores */
-#define RB 4 /* query rows sharing each load */
+#define RB 8 /* query rows sharing each load */
+#define PVW 2 /* output vectors per row held in registers while the weights multiply V */
 #define MAX_DIM 256
 #define MAX_GROUP 16
 
@@ -98,6 +103,26 @@ typedef struct {
     float scale;
 } Args;
 
+/* r[i][l] <- r[l][i]: four rounds of swapping the off-diagonal halves of 2x2 blocks of 8, 4, 2, 1 lanes */
+static inline void transpose16(v16 *r) {
+#define SWAP_ROUND(B, LO, HI) \
+    for (int i = 0; i < 16; i++) \
+        if (!(i & B)) { \
+            const v16 a = r[i], b = r[i + B]; \
+            r[i] = __builtin_shuffle(a, b, (v16i)LO); \
+            r[i + B] = __builtin_shuffle(a, b, (v16i)HI); \
+        }
+    SWAP_ROUND(8, ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+               ((v16i){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
+    SWAP_ROUND(4, ((v16i){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+               ((v16i){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
+    SWAP_ROUND(2, ((v16i){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+               ((v16i){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
+    SWAP_ROUND(1, ((v16i){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+               ((v16i){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+#undef SWAP_ROUND
+}
+
 /* Scratch floats per thread: query rows and output rows (padded to RB rows), K transposed, V, max, denominator */
 static size_t scratch_floats(int group, int D) {
     const size_t rows = ((size_t)BQ * group + RB - 1) / RB * RB;
@@ -129,29 +154,38 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
     const int64_t end = prefix + i0 + ni; /* keys seen by the last position */
     for (int64_t kb = 0; kb < end; kb += BK) {
         const int nk = (int)(end - kb < BK ? end - kb : BK);
+        v16 kr[BK][MAX_DIM / 16]; /* the block's K rows, then transposed 16 dims at a time into kt */
         for (int t = 0; t < BK; t++) {
             if (t >= nk) {
-                for (int d = 0; d < D; d++) kt[d * BK + t] = 0.f;
+                for (int j = 0; j < DV; j++) kr[t][j] = (v16){0};
                 continue;
             }
             const int64_t key = kb + t, slot = pages[key / ps] * ps + key % ps;
             const int64_t idx = slot * A->kv_stride + (int64_t)h * D;
-            float krow[MAX_DIM];
             for (int j = 0; j < DV; j++) {
-                store16f(krow + 16 * j, load16(A->k_cache, idx + 16 * j, A->kv_dtype));
+                kr[t][j] = load16(A->k_cache, idx + 16 * j, A->kv_dtype);
                 store16f(vb + t * D + 16 * j, load16(A->v_cache, idx + 16 * j, A->kv_dtype));
             }
-            for (int d = 0; d < D; d++) kt[d * BK + t] = krow[d];
+        }
+        for (int j = 0; j < DV; j++) {
+            v16 r[BK];
+            for (int t = 0; t < BK; t++) r[t] = kr[t][j];
+            transpose16(r);
+            for (int i = 0; i < 16; i++) store16f(kt + (16 * j + i) * BK, r[i]);
         }
         /* rows before the block's first key's position see none of it (row order is position order) */
         const int64_t unseen = kb - prefix - i0 > 0 ? (kb - prefix - i0) * G : 0;
         for (int r0 = (int)(unseen / RB * RB); r0 < rows; r0 += RB) {
-            v16 sc[RB];
-            for (int j = 0; j < RB; j++) sc[j] = (v16){0};
-            for (int d = 0; d < D; d++) {
-                const v16 k = load16f(kt + d * BK);
-                for (int j = 0; j < RB; j++) sc[j] += qs[(int64_t)(r0 + j) * D + d] * k;
+            v16 sc[RB], sc2[RB]; /* even and odd dims: two chains per row, so the FMAs do not wait on each other */
+            for (int j = 0; j < RB; j++) sc[j] = sc2[j] = (v16){0};
+            for (int d = 0; d < D; d += 2) {
+                const v16 k = load16f(kt + d * BK), k2 = load16f(kt + (d + 1) * BK);
+                for (int j = 0; j < RB; j++) {
+                    sc[j] += qs[(int64_t)(r0 + j) * D + d] * k;
+                    sc2[j] += qs[(int64_t)(r0 + j) * D + d + 1] * k2;
+                }
             }
+            for (int j = 0; j < RB; j++) sc[j] += sc2[j];
             float w[RB][BK];
             for (int j = 0; j < RB; j++) {
                 const int r = r0 + j;
@@ -173,13 +207,13 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
                 if (c != 1.f)
                     for (int jj = 0; jj < DV; jj++) store16f(orow + 16 * jj, load16f(orow + 16 * jj) * c);
             }
-            for (int d0 = 0; d0 < D; d0 += 64) { /* RB rows x 4 vectors of output in registers */
-                const int nv = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
-                v16 acc[RB][4];
+            for (int d0 = 0; d0 < D; d0 += 16 * PVW) { /* RB rows x PVW vectors of output in registers */
+                v16 acc[RB][PVW];
+                const int nv = (D - d0) / 16 < PVW ? (D - d0) / 16 : PVW;
                 for (int j = 0; j < RB; j++)
                     for (int c = 0; c < nv; c++) acc[j][c] = load16f(o + (int64_t)(r0 + j) * D + d0 + 16 * c);
                 for (int t = 0; t < nk; t++) {
-                    v16 v[4];
+                    v16 v[PVW];
                     for (int c = 0; c < nv; c++) v[c] = load16f(vb + t * D + d0 + 16 * c);
                     for (int j = 0; j < RB; j++)
                         for (int c = 0; c < nv; c++) acc[j][c] += w[j][t] * v[c];
