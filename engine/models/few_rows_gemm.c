@@ -1,21 +1,26 @@
-/* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) in float32 for a few rows of x (M <= 64): the linear layers of a
- * small decode batch or of a speculative verification (1 + draft tokens rows per request).
+/* y[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]) in float32 for up to a few hundred rows of x: the linear layers
+ * of a decode batch or of a speculative verification (1 + draft tokens rows per request).
  *
  * Why: from 4 rows on, MKL's sgemm behind F.linear leaves its single-row (GEMV) path and the matmul costs
  * 2-3x the single-row time (measured on SmolLM2's shapes: the 49152 x 576 LM head took 3.2 ms for 1 row and
- * 9.3 ms for 5). Here every weight row is read once from memory and the few x rows stay in L1/L2. Measured on
- * SmolLM2's shapes (2 threads, an AVX-512 host): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20
- * on the decoder layers' shapes (1.2-1.9x on the LM head), slower from 24 rows; engine/models/linear.py
- * measures at load which row counts come here.
+ * 9.3 ms for 5); on AMD hosts its float32 GEMM stays at ~190 GFLOP/s for any size, where oneDNN's reaches 440.
+ * Here every weight row is read once from memory and the x rows stay in L1/L2. Measured on SmolLM2's shapes
+ * (2 threads, AVX-512): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20; with the tiles below
+ * (before them, slower from 24 rows) 1.5-2x from 17 to 200 rows on a Zen 5 host (30 layers' shapes, ad hoc
+ * harness; 64 rows 57.7 ms against MKL's 113). engine/models/linear.py measures at load which row counts
+ * come here.
  *
  * Each weight row is read once and dotted with every x row (16 lanes at a time with GCC vector extensions:
  * AVX-512 where the compiler targets it, two AVX2 halves otherwise); the tail of K runs scalar. Up to 16 x rows
- * keep an accumulator each in registers; more are taken 8 at a time against the weight row, which stays in L1.
- * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
+ * keep an accumulator each in registers; more are taken in tiles of 4 weight rows x 6 x rows (24 accumulators:
+ * 10 loads for 24 FMAs), the weight rows from L1 for every tile. Every output is summed in the same order
+ * whatever the row count, so a row's result does not depend on its batch. Parallel over blocks of 16 weight
+ * rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
-#define MAX_ROWS 64
-#define REG_ROWS 16 /* up to this many x rows keep one accumulator each in registers; more go in tiles of 8 */
+#define MAX_ROWS 256 /* linear.py's MAX_ROWS */
+#define REG_ROWS 16 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define TILE_X 6 /* x rows per tile against 4 weight rows: 24 accumulators */
 
 /* ROWS x rows (a constant after inlining) against one weight row, read once, front to back (one stream per
  * thread), the ROWS accumulators in registers. Tiles of 4 weight rows x 4 x rows measured about the same, and
@@ -40,12 +45,43 @@ static inline __attribute__((always_inline)) void row_dot(const float *x, int k_
 #define ROWS_CASE(R) \
     case R: for (int r = 0; r < nb; r++) row_dot(x, k, R, wb + (int64_t)r * k, bb ? bb[r] : 0.0f, yb + r, n); break;
 
-#define TILE_CASE(R) case R: row_dot(x, k, R, w, bias, y, n); break;
+/* XR x rows against WR weight rows (constants after inlining): WR x XR accumulators in registers, so each
+ * 16-float step loads WR + XR vectors for WR * XR FMAs. Every output is summed as row_dot sums it (16 lanes
+ * along K, the same halving tree, the tail scalar), so a row's result does not depend on the tile. */
+static inline __attribute__((always_inline)) void tile_dot(const float *x, int k_dim, const int XR, const float *w,
+                                                           const int WR, const float *bias, float *y, int n_total) {
+    v16 acc[4][TILE_X];
+    for (int r = 0; r < WR; r++)
+        for (int i = 0; i < XR; i++) acc[r][i] = (v16){0};
+    const int kv = k_dim & ~15;
+    for (int k = 0; k < kv; k += 16) {
+        v16 wv[4];
+        for (int r = 0; r < WR; r++) wv[r] = load16f(w + (int64_t)r * k_dim + k);
+        for (int i = 0; i < XR; i++) {
+            const v16 xv = load16f(x + (int64_t)i * k_dim + k);
+            for (int r = 0; r < WR; r++) acc[r][i] += xv * wv[r];
+        }
+    }
+    for (int r = 0; r < WR; r++)
+        for (int i = 0; i < XR; i++) {
+            float s = hsum16(acc[r][i]);
+            const float *xr = x + (int64_t)i * k_dim, *wr = w + (int64_t)r * k_dim;
+            for (int k = kv; k < k_dim; k++) s += xr[k] * wr[k];
+            y[(int64_t)i * n_total + r] = s + (bias ? bias[r] : 0.0f);
+        }
+}
 
-/* up to 8 x rows against one weight row (a constant row count per case) */
-static inline void tile_dot(const float *x, int k, int rows, const float *w, float bias, float *y, int n) {
+#define TILE_CASE(XR) \
+    case XR: \
+        if (wr == 4) tile_dot(x, k, XR, w, 4, bias, y, n); \
+        else tile_dot(x, k, XR, w, 1, bias, y, n); \
+        break;
+
+/* `rows` (<= TILE_X) x rows against `wr` (4 or 1) weight rows */
+static inline void tile(const float *x, int k, int rows, const float *w, int wr, const float *bias, float *y,
+                        int n) {
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
     }
 }
 
@@ -54,11 +90,14 @@ static void block(const float *x, const float *w, const float *bias, float *y, i
                   int nb) {
     const float *wb = w + (int64_t)n0 * k, *bb = bias ? bias + n0 : 0;
     float *yb = y + n0;
-    if (m > REG_ROWS) { /* each weight row once from memory, then from L1 for every tile of 8 x rows (in L2) */
-        for (int r = 0; r < nb; r++)
-            for (int t = 0; t < m; t += 8)
-                tile_dot(x + (int64_t)t * k, k, m - t < 8 ? m - t : 8, wb + (int64_t)r * k, bb ? bb[r] : 0.0f,
-                         yb + (int64_t)t * n + r, n);
+    if (m > REG_ROWS) { /* 4 weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
+        for (int r = 0; r < nb;) {
+            const int wr = nb - r >= 4 ? 4 : 1;
+            for (int t = 0; t < m; t += TILE_X)
+                tile(x + (int64_t)t * k, k, m - t < TILE_X ? m - t : TILE_X, wb + (int64_t)r * k, wr,
+                     bb ? bb + r : 0, yb + (int64_t)t * n + r, n);
+            r += wr;
+        }
         return;
     }
     switch (m) { /* a constant row count, so each loop is fully unrolled */

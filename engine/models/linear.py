@@ -147,7 +147,12 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> tuple[ctypes.CDLL, frozen
     return (lib, rows) if rows else None
 
 
-CALIBRATE_ROWS = range(1, 33)  # row counts timed at load (the kernel takes up to 64)
+# row counts timed at load: each one up to 32, then samples that stand for the counts since the one before. The
+# kernel takes up to MAX_ROWS and beat MKL up to 200 rows on a Zen 5 host (1.5x), but above 64 rows it also
+# takes prefill-sized steps, whose K/V then move SmolLM2's logits from transformers' (MKL's) by 9.9e-5 against
+# 7.0e-5, at the edge of tests/real_model's 1e-4: calibration stops at 64, a batch-64 decode step.
+CALIBRATE_ROWS = (*range(1, 33), 40, 48, 56, 64)
+MAX_ROWS = 256
 CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
 # their row counts: 1-3 rows stay on MKL's single-row path for them, as before calibration (with the kernel there
 # too, the tiny model's PD logprobs differed from the colocated server's in the 4th decimal: not yet understood)
@@ -164,7 +169,7 @@ def few_rows_kernel() -> ctypes.CDLL | None:
 
 
 def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for float32 CPU tensors of at most 64 rows (weight contiguous)."""
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors of at most MAX_ROWS rows (weight contiguous)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     rc = lib.splitserve_few_rows_gemm(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
@@ -236,8 +241,9 @@ def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes
     ``passes`` sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its
     median over the passes, so a disturbance during one sweep (another worker loading its model on the same
     cores) does not decide; then the one contiguous range of counts that saves the most time in all
-    (``best_range``), so one noisy count cannot punch a hole in the range or add a stray one. Well under a
-    second."""
+    (``best_range``, a sampled count weighted by the counts it stands for, and standing for all of them in the
+    result), so one noisy count cannot punch a hole in the range or add a stray one. About a second, once per
+    host (``row_calibration``)."""
 
     base = baseline or (lambda x: F.linear(x, weight))
     g = torch.Generator().manual_seed(0)
@@ -250,16 +256,23 @@ def calibrate_rows(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes
     return best_range({m: statistics.median(v) for m, v in saved.items()})
 
 
+def _stands_for(counts: list[int]) -> dict[int, range]:
+    """Each sampled row count and the counts it stands for: those after the sample before it, up to itself."""
+    return {m: range(prev + 1, m + 1) for prev, m in zip([0, *counts], counts)}
+
+
 def best_range(saved: dict[int, float]) -> frozenset[int]:
-    """The contiguous run of keys (in order) with the largest positive sum of ``saved`` (Kadane), or none."""
+    """The contiguous run of keys (in order) with the largest positive sum of ``saved`` (Kadane), or none; a key
+    counts for the row counts it stands for (``_stands_for``), and the result holds all of them."""
+    spans = _stands_for(sorted(saved))
     best, best_sum, run, run_sum = frozenset(), 0.0, [], 0.0
     for m in sorted(saved):
         if run_sum <= 0:
             run, run_sum = [], 0.0
         run.append(m)
-        run_sum += saved[m]
+        run_sum += saved[m] * len(spans[m])
         if run_sum > best_sum:
-            best, best_sum = frozenset(run), run_sum
+            best, best_sum = frozenset(c for k in run for c in spans[k]), run_sum
     return best
 
 

@@ -1,7 +1,9 @@
-"""The native row kernels of a decoder layer (row_ops.c): RMSNorm (alone or fused with the residual add) and
-rotate-half RoPE, for float32 and bfloat16 CPU tensors. Each replaces several small torch ops with one call; at
-decode batch sizes those ops cost their dispatch and allocation, not their arithmetic. Callers check ``usable``
-and otherwise take their pure-torch path (other devices and dtypes, hosts without a C compiler)."""
+"""The native row kernels of a decoder layer (row_ops.c): RMSNorm (alone or fused with the residual add),
+rotate-half RoPE and the KV write into the pool's slots, for float32 and bfloat16 CPU tensors. The first two
+replace several small torch ops with one call each; at decode batch sizes those ops cost their dispatch and
+allocation, not their arithmetic. The KV write overlaps the cold writes torch's index_copy_ makes one by one.
+Callers check ``usable`` and otherwise take their pure-torch path (other devices and dtypes, hosts without a C
+compiler)."""
 from __future__ import annotations
 
 import ctypes
@@ -23,6 +25,9 @@ def kernel() -> ctypes.CDLL | None:
         lib.splitserve_rms_norm.restype = ctypes.c_int
         lib.splitserve_rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + [ctypes.c_float] + \
             [ctypes.c_int] * 2
+        lib.splitserve_kv_write.restype = ctypes.c_int
+        lib.splitserve_kv_write.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + \
+            [ctypes.c_int64] * 4 + [ctypes.c_int]
         lib.splitserve_rope.restype = ctypes.c_int
         lib.splitserve_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
             [ctypes.c_int] * 5
@@ -51,3 +56,23 @@ def rope(lib: ctypes.CDLL, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     if rc != 0:
         raise RuntimeError(f"RoPE kernel refused {x.dtype} x {tuple(x.shape)}")
     return out
+
+
+def kv_write(lib: ctypes.CDLL, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> bool:
+    """``k_cache[slots] = k`` and ``v_cache[slots] = v`` (caches [slots, kv_heads, D] contiguous; k/v [T, kv_heads,
+    D] of the caches' dtype with heads and D contiguous, tokens any stride; slots int64) in one call; False, having
+    written nothing, for layouts the kernel does not take."""
+    row = k_cache.shape[1] * k_cache.shape[2]
+    if (not k_cache.is_contiguous() or not v_cache.is_contiguous() or k_cache.shape != v_cache.shape
+            or slots.dtype != torch.int64 or not slots.is_contiguous() or k.shape != v.shape
+            or k.shape[1:] != k_cache.shape[1:] or k.shape[0] != slots.shape[0]
+            or any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (k, v))):
+        return False
+    size = k.element_size()
+    rc = lib.splitserve_kv_write(k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k_cache.shape[0],
+                                 k.data_ptr(), v.data_ptr(), k.shape[0], row * size, k.stride(0) * size,
+                                 v.stride(0) * size, torch.get_num_threads())
+    if rc != 0:
+        raise IndexError(f"KV write: a slot is outside the pool's {k_cache.shape[0]} slots")
+    return True

@@ -1,6 +1,8 @@
-"""The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for every row count it takes
-(1-16), with and without bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks; and
-a float32 model on CPU routes its linear layers (and a tied LM head) through it."""
+"""The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for the row counts it takes
+(1-256: in registers up to 16, then in tiles of 4 weight rows x 6 rows, partial ones too), with and without
+bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks, and a row's result does not
+depend on how many rows came with it; a float32 model on CPU routes its linear layers (and a tied LM head)
+through it, for the row counts the load-time calibration found it wins."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import row_calibration
-from engine.models.linear import (CALIBRATE_ROWS, FewRowsLinear, best_range, calibrate_rows, few_rows_gemm,
+from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, few_rows_gemm,
                                   few_rows_kernel)
 from tests.engine.conftest import make_core
 
@@ -24,7 +26,7 @@ def test_every_row_count_equals_f_linear(n: int, k: int, bias: bool) -> None:
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    for m in [*range(1, 25), 33, 64]:  # up to 16 rows in registers, more in tiles of 8 (a partial one too)
+    for m in [*range(1, 25), 33, 64, 101, 256]:  # up to 16 rows in registers, more in tiles (partial ones too)
         x = torch.randn(m, k, generator=g)
         want = F.linear(x, w, b)
         got = few_rows_gemm(lib, x, w, b)
@@ -54,7 +56,8 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
     counts to the kernel (the result, unlike the values, depends on the host)."""
     w = torch.randn(3072, 576, generator=torch.Generator().manual_seed(1))
     rows = calibrate_rows(lib, w, reps=1, passes=1)
-    assert rows <= set(CALIBRATE_ROWS)
+    assert rows <= set(range(1, MAX_ROWS + 1))
+    assert not rows or rows == set(range(min(rows), max(rows) + 1))  # one range
     layer = FewRowsLinear(w, None, lib, rows=frozenset({3}))
     calls = []
     layer._lib = type("Spy", (), {"splitserve_few_rows_gemm": lambda self, *a: calls.append(a[4]) or
@@ -72,3 +75,21 @@ def test_the_calibration_keeps_one_range_so_a_noisy_count_neither_punches_a_hole
     assert best_range(saved) == frozenset(range(1, 21))
     assert best_range({m: -1.0 for m in range(1, 9)}) == frozenset()  # the kernel never wins: no rows
     assert best_range({1: -2.0, 2: -2.0, 3: 1.0, 4: 1.0, 5: -5.0}) == frozenset({3, 4})  # MKL's own 1-2 rows
+
+
+def test_a_sampled_row_count_stands_for_the_counts_since_the_sample_before_it() -> None:
+    dense = {m: -1.0 for m in range(1, 33)}
+    # the kernel wins at 40 and 64 by a little, loses at 48 by more per count: 48 stands for 41-48, 64 for 57-64
+    assert best_range(dense | {40: 1.0, 48: -0.5, 56: 0.1, 64: 1.0}) == frozenset(range(33, 65))
+    assert best_range(dense | {40: 1.0, 48: -2.0, 56: 0.1, 64: 0.1}) == frozenset(range(33, 41))
+    # a win at 96 alone, after losses: it stands for 65-96, not for the counts before
+    assert best_range(dense | {64: -1.0, 96: 1.0}) == frozenset(range(65, 97))
+
+
+def test_a_rows_result_does_not_depend_on_its_batch() -> None:
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(960, 576, generator=g), torch.randn(200, 576, generator=g)
+    alone = torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(0, 200, 37)])
+    for m in (16, 17, 64, 200):
+        batch = few_rows_gemm(lib, x[:m], w, None)
+        assert torch.equal(batch[0:m:37], alone[: len(range(0, m, 37))]), m

@@ -127,9 +127,14 @@ def test_a_full_store_and_a_corrupt_entry_cost_recomputation(master: MooncakeMas
     reader = cores(mooncake(master))
     outs, cached = run(reader, prompts(4)[:1])
     assert outs == cold[4][:1] and cached == [12] and reader.hicache.stats.store_misses == 1  # 3 good pages
-    # the recomputed page replaced the bad one (an overwrite: a recently read entry refuses removal)
-    assert raw.get(keys[3]) == good
+    # the recomputed page replaced the bad one (an overwrite: a recently read entry refuses removal). Its bytes
+    # need not be the first write's: the recompute ran as a 58-row step, which may take another GEMM path than
+    # the 70-row prefill did (the few-rows kernel or MKL, by the host's calibration). A fresh reader takes it.
+    assert raw.get(keys[3]) != good[:-1] + bytes([good[-1] ^ 0xFF])
     raw.close()
+    fresh = cores(mooncake(master))
+    outs, cached = run(fresh, prompts(4)[:1])
+    assert outs == cold[4][:1] and cached[0] > 12 and fresh.hicache.stats.store_misses == 0
 
 
 def test_an_unreachable_store_at_start_up_is_used_once_it_answers(cores: Cores, cold: dict) -> None:

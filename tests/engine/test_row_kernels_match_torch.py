@@ -1,7 +1,8 @@
 """The native row kernels (engine/models/row_ops.c) give what the pure-torch paths give: RMSNorm alone and fused
 with the residual add (the residual updated in place, rounded as torch rounds it), and rotate-half RoPE on q and
 k read in place from the fused QKV output, in float32 and bfloat16, for one row, a decode batch's few and enough
-rows to split across threads; inputs they do not take go through torch."""
+rows to split across threads, and the KV write equals index_copy_ from strided views; inputs they do not take go
+through torch."""
 from __future__ import annotations
 
 import pytest
@@ -78,3 +79,32 @@ def test_rope_on_the_fused_projection_equals_torch(dtype: torch.dtype, tokens: i
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     else:  # the same three roundings
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])
+def test_kv_write_equals_index_copy_from_views_of_the_projection(dtype: torch.dtype, rows: int) -> None:
+    from engine.models.row_ops import kv_write
+
+    gen = torch.Generator().manual_seed(rows)
+    kv_heads, dim, slots_total = 3, 64, 4096
+    qkv = torch.randn(rows, 9 + 2 * kv_heads, dim, generator=gen).to(dtype)
+    k, v = qkv[:, 9:9 + kv_heads], qkv[:, 9 + kv_heads:]  # strided views, as the model passes them
+    slots = torch.randperm(slots_total, generator=gen)[:rows]
+    caches = [torch.randn(slots_total, kv_heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    want = [c.clone().index_copy_(0, slots, x) for c, x in zip(caches, (k, v))]
+    assert kv_write(norm_kernel(), caches[0], caches[1], slots, k, v)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1])
+
+
+def test_kv_write_refuses_a_slot_outside_the_pool_and_layouts_it_does_not_take() -> None:
+    from engine.models.row_ops import kv_write
+
+    cache, other = torch.zeros(16, 2, 16), torch.zeros(16, 2, 16)
+    k = torch.ones(2, 2, 16)
+    with pytest.raises(IndexError):
+        kv_write(norm_kernel(), cache, other, torch.tensor([3, 16]), k, k)
+    assert not cache.any() and not other.any()  # checked before anything is written
+    assert not kv_write(norm_kernel(), cache, other, torch.tensor([3, 4], dtype=torch.int32), k, k)
+    assert not kv_write(norm_kernel(), cache, other, torch.tensor([3, 4]), k.transpose(1, 2).contiguous()
+                        .transpose(1, 2), k)

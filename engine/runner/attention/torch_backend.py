@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.mem.kv_pool import KVPool
+from engine.models import row_ops
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
 from engine.runner.attention.cpu_kernels import (decode_attention, decode_kernel, decode_supported, prefill_attention,
                                                  prefill_kernel, prefill_supported)
@@ -74,8 +75,10 @@ class TorchAttentionBackend(AttentionBackend):
         if k_cache.dtype != q.dtype:  # a narrower cache (--kv-cache-dtype): attend over what the cache keeps, so
             k = k.to(k_cache.dtype)   # a chunk sees its own K/V as later chunks and decodes will
             v = v.to(v_cache.dtype)
-        k_cache.index_copy_(0, meta.out_slots, k)
-        v_cache.index_copy_(0, meta.out_slots, v)
+        lib = row_ops.usable(k_cache, k, v)
+        if lib is None or not row_ops.kv_write(lib, k_cache, v_cache, meta.out_slots, k, v):
+            k_cache.index_copy_(0, meta.out_slots, k)
+            v_cache.index_copy_(0, meta.out_slots, v)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decode
         if nd and self._native is not None:
