@@ -39,8 +39,8 @@ def _build(source: Path) -> ctypes.CDLL | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run([cc, *FLAGS, f"-I{_INCLUDE}", str(source), "-o", str(out), "-lm"], capture_output=True,
-                                  text=True, timeout=120)
+            proc = subprocess.run([cc, *FLAGS, f"-I{_INCLUDE}", str(source), "-o", str(out), "-lm"],
+                                  capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 log.warning("compiling %s failed (using pure torch): %s", source.name, proc.stderr[-2000:])
                 return None

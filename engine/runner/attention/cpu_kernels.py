@@ -84,8 +84,8 @@ def prefill_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, 
     rc = lib.splitserve_prefill_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), q_starts.data_ptr(),
         q_lens.data_ptr(), kv_lens.data_ptr(), page_table.data_ptr(), q_lens.shape[0], page_table.shape[1], h,
-        k_cache.shape[1], d, page_size, q.stride(0), out.stride(0), scale, _DTYPE_CODES[q.dtype], _DTYPE_CODES[k_cache.dtype],
-        torch.get_num_threads())
+        k_cache.shape[1], d, page_size, q.stride(0), out.stride(0), scale, _DTYPE_CODES[q.dtype],
+        _DTYPE_CODES[k_cache.dtype], torch.get_num_threads())
     if rc == -2:
         raise MemoryError("CPU prefill kernel could not allocate its per-thread scratch")
     if rc != 0:

@@ -20,8 +20,8 @@
  *
  * Layout: q/out rows [T, heads, D] (heads and D contiguous, rows `q_stride`/`out_stride` elements apart, so q
  * may be a view of the fused projection); k_cache/v_cache [slots, kv_heads, D]; per sequence: its first row in
- * q (q_starts), query rows (q_lens), keys attended by its last row (kv_lens; the prefix is kv_len - q_len) and its pages
- * (page_table [nseq, max_pages]). dtype (q, out) and kv_dtype: 0 = float32, 1 = bfloat16, 2 = float16.
+ * q (q_starts), query rows (q_lens), keys attended by its last row (kv_lens; the prefix is kv_len - q_len) and
+ * its pages (page_table [nseq, max_pages]). dtype (q, out) and kv_dtype: 0 = float32, 1 = bfloat16, 2 = float16.
  * Returns 0, -1 for shapes it does not take, -2 out of memory. */
 #include <stdint.h>
 #include <stdlib.h>
