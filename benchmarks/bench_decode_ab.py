@@ -86,9 +86,10 @@ def kernel_at(rev: str) -> ctypes.CDLL:
     source = Path(__file__).resolve().parent.parent / "engine/runner/attention/cpu_decode.c"
     text = subprocess.run(["git", "-C", str(source.parent), "show", f"{rev}:./{source.name}"], check=True,
                           capture_output=True, text=True).stdout
-    copy = Path(tempfile.mkdtemp()) / f"cpu_decode_{rev.replace('/', '_')}.c"
-    copy.write_text(text)
-    lib = native.load(copy)
+    with tempfile.TemporaryDirectory() as tmp:  # the compiled library lands in native's cache, not here
+        copy = Path(tmp) / f"cpu_decode_{rev.replace('/', '_')}.c"
+        copy.write_text(text)
+        lib = native.load(copy)
     if lib is None:
         raise SystemExit("no C compiler: the native decode kernel is unavailable")
     fn = lib.splitserve_decode_attention

@@ -25,4 +25,9 @@ static inline float hsum16(v16 v) {
     v += __builtin_shuffle(v, (v16i){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
     return v[0];
 }
+
+/* 2^f for |f| <= 0.5 by Horner's rule, highest degree first (relative error ~2e-7): the exp(x <= 0) of the
+ * attention kernels, x*log2(e) = n + f with 2^n put into the exponent bits */
+#define EXP2_POLY {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f, 5.5504108664821580e-2f, \
+                   2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f}
 #endif

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vec16.h"
+
 #define MAX_HEAD_DIM 256
 #define MAX_PAGE 256
 #define MAX_ROWS 128 /* query heads in one task */
@@ -40,13 +42,9 @@ static inline float exp_nonpositive(float x) {
     const float t = x * 1.44269504088896341f;
     const float n = __builtin_rintf(t);
     const float f = t - n;
-    float p = 1.5403530393381606e-4f;
-    p = p * f + 1.3333558146428443e-3f;
-    p = p * f + 9.6181291076284772e-3f;
-    p = p * f + 5.5504108664821580e-2f;
-    p = p * f + 2.4022650695910071e-1f;
-    p = p * f + 6.9314718055994531e-1f;
-    p = p * f + 1.0f;
+    static const float c[] = EXP2_POLY;
+    float p = c[0];
+    for (int i = 1; i < 7; i++) p = p * f + c[i];
     const int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, 4);
@@ -227,13 +225,9 @@ static inline __m512 exp16_nonpositive(__m512 x) {
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    static const float c[] = EXP2_POLY;
+    __m512 p = _mm512_set1_ps(c[0]);
+    for (int i = 1; i < 7; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
     return _mm512_scalef_ps(p, n);
 }
 
