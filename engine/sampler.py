@@ -2,8 +2,9 @@
 
 Order per row: raw log-probabilities (for ``logprobs``) -> the grammar's token mask -> penalties (repetition on prompt+output, frequency and
 presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) -> greedy argmax, or temperature
--> top-k / top-p / min-p filtering -> an exponential race (argmax of p / E with E ~ Exp(1), which samples from p).
-A request with a seed draws E from a generator seeded by (seed, output position), so its tokens do not depend on
+-> top-k / top-p / min-p filtering -> one draw from the distribution by inverting its cumulative sum at a uniform
+u in [0, 1) (sampler.c on CPU: one random number per row where an exponential race needs one per vocabulary
+entry). A request with a seed takes u from (seed, output position) alone, so its tokens do not depend on
 batching, preemption or which worker runs the step.
 
 One request never fails another: the per-row work (penalties, bias, seeded noise, logprobs) runs row by row, and
@@ -11,13 +12,17 @@ a row that raises is reported in ``errors`` (its token is -1) while every other 
 batched work (softmax, filtering, argmax) does not depend on what a request asked for."""
 from __future__ import annotations
 
+import ctypes
+import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from engine import native
 from engine.request import Request
 
 _MASK64 = (1 << 64) - 1
@@ -117,20 +122,49 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return torch.zeros_like(probs).scatter_(1, order, keep_sorted)
 
 
-def _exponential(rows: list[int], reqs: list[Request], vocab: int, device: torch.device,
-                 shared: torch.Generator, errors: dict[int, Exception] | None) -> torch.Tensor:
-    noise = torch.empty(len(rows), vocab, device=device)
-    unseeded = [i for i, r in enumerate(rows) if reqs[r].seed is None]
-    if unseeded:
-        noise[unseeded] = torch.empty(len(unseeded), vocab, device=device).exponential_(generator=shared)
-    where = {r: i for i, r in enumerate(rows)}
+def seeded_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) of a seeded request's draw at an output position: 53 bits of step_seed."""
+    return (step_seed(seed, position) >> 10) * 2.0**-53
 
-    def seeded(r: int) -> None:
-        g = torch.Generator(device=device)
-        g.manual_seed(step_seed(reqs[r].seed, len(reqs[r].output_ids)))
-        noise[where[r]].exponential_(generator=g)
-    _per_row([r for r in rows if reqs[r].seed is not None], seeded, errors)
-    return noise
+
+def _uniforms(rows: list[int], reqs: list[Request], shared: torch.Generator) -> torch.Tensor:
+    u = torch.rand(len(rows), dtype=torch.float64, generator=shared)
+    for i, r in enumerate(rows):
+        if reqs[r].seed is not None:
+            u[i] = seeded_uniform(reqs[r].seed, len(reqs[r].output_ids))
+    return u
+
+
+@functools.cache
+def _kernel() -> ctypes.CDLL | None:
+    lib = native.load(Path(__file__).with_name("sampler.c"))
+    if lib is not None:
+        lib.splitserve_sample_rows.restype = ctypes.c_int
+        lib.splitserve_sample_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int] + \
+            [ctypes.c_void_p] * 3 + [ctypes.c_int]
+    return lib
+
+
+def draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+    """One token per listed row of ``x``: from softmax(x[row] / temperature) given temperatures (float32, one per
+    row), else from x[row] as non-negative weights; the first token where the cumulative weight passes u times
+    the row's total. Native on CPU (sampler.c), a float64 cumulative sum elsewhere."""
+    lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
+    if lib is not None:
+        idx = torch.tensor(rows, dtype=torch.int64)
+        inv = (1.0 / temperature if temperature is not None else torch.ones(len(rows))).float().contiguous()
+        u = u.to(torch.float64).contiguous()
+        out = torch.empty(len(rows), dtype=torch.int64)
+        if lib.splitserve_sample_rows(x.data_ptr(), idx.data_ptr(), len(rows), x.shape[1], x.stride(0),
+                                      int(temperature is not None), inv.data_ptr(), u.data_ptr(), out.data_ptr(),
+                                      torch.get_num_threads()) == 0:
+            return out
+    w = x[rows].double()
+    if temperature is not None:
+        w = torch.softmax(w / temperature.to(w).unsqueeze(1), dim=-1)
+    cum = w.cumsum(dim=-1)
+    target = (u.to(cum) * cum[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cum, target, right=True).squeeze(1).clamp_(max=x.shape[1] - 1)
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -162,16 +196,17 @@ def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
     if rows:
         sps = [reqs[i].sampling for i in rows]
         device = logits.device
-        temp = torch.tensor([sp.temperature for sp in sps], device=device).unsqueeze(1)
-        probs = torch.softmax(logits[rows] / temp, dim=-1)
+        temp = torch.tensor([sp.temperature for sp in sps], device=device)
+        u = _uniforms(rows, reqs, shared)
         if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0 for sp in sps):
+            probs = torch.softmax(logits[rows] / temp.unsqueeze(1), dim=-1)
             vocab = probs.shape[-1]
             top_k = torch.tensor([sp.top_k if sp.top_k > 0 else vocab for sp in sps], device=device)
             top_p = torch.tensor([sp.top_p for sp in sps], device=device)
             min_p = torch.tensor([sp.min_p for sp in sps], device=device)
-            probs = filter_probs(probs, top_k, top_p, min_p)
-        noise = _exponential(rows, reqs, probs.shape[-1], device, shared, errors)
-        tokens[rows] = row_argmax(probs / noise)
+            tokens[rows] = draw(filter_probs(probs, top_k, top_p, min_p), list(range(len(rows))), None, u)
+        else:
+            tokens[rows] = draw(logits, rows, temp, u)
     token_list = tokens.tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_lp is not None:

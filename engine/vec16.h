@@ -30,4 +30,29 @@ static inline float hsum16(v16 v) {
  * attention kernels, x*log2(e) = n + f with 2^n put into the exponent bits */
 #define EXP2_POLY {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f, 5.5504108664821580e-2f, \
                    2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f}
+
+/* lanewise a where the mask is set, else b */
+static inline v16 pick(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
+
+/* the largest lane */
+static inline float hmax(v16 v) {
+    float m = v[0];
+    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* exp(x) lanewise for x <= 0: x*log2(e) = n + f, |f| <= 0.5, 2^f by EXP2_POLY,
+ * 2^n into the exponent bits. n is rounded by truncating t - 0.5 (t <= 0), not
+ * by adding and subtracting a large constant, which reassociating compilers fold away. */
+static inline v16 exp16(v16 x) {
+    const v16 lo = (v16){0} - 87.0f;
+    x = pick(x < lo, lo, x);
+    const v16 t = x * 1.44269504088896341f;
+    const v16i n = __builtin_convertvector(t - 0.5f, v16i);
+    const v16 f = t - __builtin_convertvector(n, v16);
+    static const float c[] = EXP2_POLY;
+    v16 p = (v16){0} + c[0];
+    for (int i = 1; i < 7; i++) p = p * f + c[i];
+    return p * (v16)((n + 127) << 23);
+}
 #endif

@@ -40,29 +40,6 @@ typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t h16u __attribute__((vector_size(32)));
 typedef _Float16 h16f __attribute__((vector_size(32)));
 
-static inline v16 pick(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
-
-static inline float hmax(v16 v) {
-    float m = v[0];
-    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
-    return m;
-}
-
-/* exp(x) lanewise for x <= 0: x*log2(e) = n + f, |f| <= 0.5, 2^f by the decode kernel's polynomial (EXP2_POLY),
- * 2^n into the exponent bits. n is rounded by truncating t - 0.5 (t <= 0), not
- * by adding and subtracting a large constant, which reassociating compilers fold away. */
-static inline v16 exp16(v16 x) {
-    const v16 lo = (v16){0} - 87.0f;
-    x = pick(x < lo, lo, x);
-    const v16 t = x * 1.44269504088896341f;
-    const v16i n = __builtin_convertvector(t - 0.5f, v16i);
-    const v16 f = t - __builtin_convertvector(n, v16);
-    static const float c[] = EXP2_POLY;
-    v16 p = (v16){0} + c[0];
-    for (int i = 1; i < 7; i++) p = p * f + c[i];
-    return p * (v16)((n + 127) << 23);
-}
-
 /* 16 elements from base[idx] as float32 */
 static inline v16 load16(const void *base, int64_t idx, int dtype) {
     if (dtype == 0) return load16f((const float *)base + idx);
