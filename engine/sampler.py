@@ -3,13 +3,13 @@
 Order per row: raw log-probabilities (for ``logprobs``) -> the grammar's token mask -> penalties (repetition on prompt+output, frequency and
 presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) -> greedy argmax, or temperature
 -> top-k / top-p / min-p filtering -> one draw from the distribution by inverting its cumulative sum at a uniform
-u in [0, 1) (sampler.c on CPU: one random number per row where an exponential race needs one per vocabulary
-entry). A request with a seed takes u from (seed, output position) alone, so its tokens do not depend on
+u in [0, 1) (sampler.c on CPU, which also filters without sorting the vocabulary: one random number per row where
+an exponential race needs one per vocabulary entry). A request with a seed takes u from (seed, output position) alone, so its tokens do not depend on
 batching, preemption or which worker runs the step.
 
-One request never fails another: the per-row work (penalties, bias, seeded noise, logprobs) runs row by row, and
+One request never fails another: the per-row work (penalties, bias, logprobs) runs row by row, and
 a row that raises is reported in ``errors`` (its token is -1) while every other row is sampled as usual; the
-batched work (softmax, filtering, argmax) does not depend on what a request asked for."""
+batched work (filtering and the draw, argmax) does not depend on what a request asked for."""
 from __future__ import annotations
 
 import ctypes
@@ -140,28 +140,41 @@ def _kernel() -> ctypes.CDLL | None:
     lib = native.load(Path(__file__).with_name("sampler.c"))
     if lib is not None:
         lib.splitserve_sample_rows.restype = ctypes.c_int
-        lib.splitserve_sample_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_int] + \
-            [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        lib.splitserve_sample_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + \
+            [ctypes.c_void_p] * 6 + [ctypes.c_int]
     return lib
 
 
-def draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
-    """One token per listed row of ``x``: from softmax(x[row] / temperature) given temperatures (float32, one per
-    row), else from x[row] as non-negative weights; the first token where the cumulative weight passes u times
-    the row's total. Native on CPU (sampler.c), a float64 cumulative sum elsewhere."""
+@dataclass(frozen=True)
+class Filters:
+    """Per drawn row: keep the top_k most likely tokens (the vocabulary size: all), the top_p nucleus (1.0: all),
+    the tokens at least min_p as likely as the most likely (0.0: all)."""
+
+    top_k: torch.Tensor  # int64
+    top_p: torch.Tensor  # float32
+    min_p: torch.Tensor  # float32
+
+
+def draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor, u: torch.Tensor,
+         filters: Filters | None = None) -> torch.Tensor:
+    """One token per listed row of logits ``x``, from softmax(x[row] / temperature[i]) restricted by
+    ``filters``, with uniform u[i]. Native on CPU (sampler.c); elsewhere filter_probs and a float64 cumulative
+    sum inverted in token order."""
     lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
     if lib is not None:
-        idx = torch.tensor(rows, dtype=torch.int64)
-        inv = (1.0 / temperature if temperature is not None else torch.ones(len(rows))).float().contiguous()
-        u = u.to(torch.float64).contiguous()
-        out = torch.empty(len(rows), dtype=torch.int64)
-        if lib.splitserve_sample_rows(x.data_ptr(), idx.data_ptr(), len(rows), x.shape[1], x.stride(0),
-                                      int(temperature is not None), inv.data_ptr(), u.data_ptr(), out.data_ptr(),
+        n, vocab = len(rows), x.shape[1]
+        f = filters or Filters(torch.full((n,), vocab), torch.ones(n), torch.zeros(n))
+        args = [torch.tensor(rows, dtype=torch.int64), (1.0 / temperature).float(), f.top_k.to(torch.int64),
+                f.top_p.float(), f.min_p.float(), u.to(torch.float64)]
+        args = [a.contiguous() for a in args]
+        out = torch.empty(n, dtype=torch.int64)
+        if lib.splitserve_sample_rows(x.data_ptr(), args[0].data_ptr(), n, vocab, x.stride(0),
+                                      *(a.data_ptr() for a in args[1:]), out.data_ptr(),
                                       torch.get_num_threads()) == 0:
             return out
-    w = x[rows].double()
-    if temperature is not None:
-        w = torch.softmax(w / temperature.to(w).unsqueeze(1), dim=-1)
+    w = torch.softmax(x[rows].double() / temperature.to(x.device, torch.float64).unsqueeze(1), dim=-1)
+    if filters is not None:
+        w = filter_probs(w, *(t.to(x.device) for t in (filters.top_k, filters.top_p, filters.min_p)))
     cum = w.cumsum(dim=-1)
     target = (u.to(cum) * cum[:, -1]).unsqueeze(1)
     return torch.searchsorted(cum, target, right=True).squeeze(1).clamp_(max=x.shape[1] - 1)
@@ -195,18 +208,13 @@ def sample(logits: torch.Tensor, reqs: list[Request], shared: torch.Generator,
     rows = [i for i, r in enumerate(reqs) if not r.sampling.greedy]
     if rows:
         sps = [reqs[i].sampling for i in rows]
-        device = logits.device
-        temp = torch.tensor([sp.temperature for sp in sps], device=device)
-        u = _uniforms(rows, reqs, shared)
+        temp = torch.tensor([sp.temperature for sp in sps])
+        filters = None
         if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0 for sp in sps):
-            probs = torch.softmax(logits[rows] / temp.unsqueeze(1), dim=-1)
-            vocab = probs.shape[-1]
-            top_k = torch.tensor([sp.top_k if sp.top_k > 0 else vocab for sp in sps], device=device)
-            top_p = torch.tensor([sp.top_p for sp in sps], device=device)
-            min_p = torch.tensor([sp.min_p for sp in sps], device=device)
-            tokens[rows] = draw(filter_probs(probs, top_k, top_p, min_p), list(range(len(rows))), None, u)
-        else:
-            tokens[rows] = draw(logits, rows, temp, u)
+            vocab = logits.shape[-1]
+            filters = Filters(torch.tensor([sp.top_k if sp.top_k > 0 else vocab for sp in sps]),
+                              torch.tensor([sp.top_p for sp in sps]), torch.tensor([sp.min_p for sp in sps]))
+        tokens[rows] = draw(logits, rows, temp, _uniforms(rows, reqs, shared), filters).to(tokens.device)
     token_list = tokens.tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(reqs)
     if raw_lp is not None:

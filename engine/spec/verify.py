@@ -1,6 +1,6 @@
 """Verification: a decoding request with draft d_1..d_k computes positions for [last, d_1, ..., d_k] in one forward
 pass, giving k + 1 rows of logits. Row i is sampled exactly as non-speculative decoding would sample the token
-after last, d_1..d_i (same penalties over the output so far, same logit_bias, same seeded noise for that output
+after last, d_1..d_i (same penalties over the output so far, same logit_bias, same seeded uniform for that output
 position, same raw logprobs); call that t_i. The output gains t_0, t_1, ... up to and including the first t_i
 that differs from d_{i+1} (or t_k when every draft matched): the accepted drafts plus one token of the target's.
 

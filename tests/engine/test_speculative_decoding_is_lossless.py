@@ -19,6 +19,9 @@ from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, draft
 from tests.engine.conftest import make_core
 
 K = 4
+# the seeded requests' temperature: the random tiny model repeats itself rarely when sampled (at 0.3, 0-8 drafts
+# over the 8 requests, depending on the seeds), more often at 0.1 (12-22), so the n-gram drafter has drafts to verify
+SEEDED_T = 0.1
 NGRAM = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=K, speculative_ngram_min=1)
 
 
@@ -65,7 +68,7 @@ def outcome(reqs: list[Request]) -> list[tuple]:
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> dict[float, list[Request]]:
     ps = prompts(8)
-    return {t: run(make_core(tiny_model_dir), ps, [params(i, t) for i in range(8)]) for t in (0.0, 0.3)}
+    return {t: run(make_core(tiny_model_dir), ps, [params(i, t) for i in range(8)]) for t in (0.0, SEEDED_T)}
 
 
 def drafter_for(name: str, ref: list[Request]):  # noqa: ANN201
@@ -73,7 +76,7 @@ def drafter_for(name: str, ref: list[Request]):  # noqa: ANN201
             "random": RandomDrafter(4000)}[name]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.3], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("temperature", [0.0, SEEDED_T], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("drafter", ["ngram", "oracle", "random"])
 @pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
 def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference: dict, drafter: str,
