@@ -126,6 +126,8 @@ class AsyncEngine:
         while True:
             wait = None if not self._stopping else 0.0
             wait = core.idle_wait() if wait is None else wait
+            if wait is None and core.idle_chore():
+                wait = 0.0  # idle, but with background work: poll for commands between its pieces
             try:
                 cmds = [self._inbox.get(block=wait != 0.0, timeout=wait)] if wait != 0.0 else []
             except queue.Empty:

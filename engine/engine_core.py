@@ -216,6 +216,14 @@ class EngineCore:
             return LOAD_POLL_S if self.scheduler.idle_on_loads else 0.0
         return self.role.poll_interval_s if self.scheduler.has_pending else None
 
+    def idle_chore(self) -> bool:
+        """Background work for an idle engine, one bounded piece per call (faulting the KV pool in: KVPool.
+        prefault_next, ~6 ms); False when none is left."""
+        if not self.pool.prefault_pending:
+            return False
+        self.pool.prefault_next()
+        return True
+
     # -- one iteration -----------------------------------------------------------------------------------------
     def step(self, emit: Callable[[list[StepOutput]], None] | None = None) -> list[StepOutput]:
         """``emit``, when given, gets the role's outputs from before the forward pass at once (a decode worker's

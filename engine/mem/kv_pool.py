@@ -3,9 +3,25 @@ head_dim], all in one allocation [layers, 2, slots, kv_heads, head_dim]. Page p 
 ``k_base(l) + p * page_bytes``; a page is contiguous, so contiguous page runs are contiguous memory."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from dataclasses import dataclass
 
 import torch
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable without changing their contents
+PREFAULT_CHUNK_BYTES = 8 << 20  # ~6 ms of faulting on a 2-core AMD EPYC: what a request arriving meanwhile waits
+
+
+@functools.cache
+def _madvise() -> ctypes._CFuncPtr | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    fn = ctypes.CDLL(name, use_errno=True).madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,28 @@ class KVPool:
             self.data = torch.empty(dims, dtype=shape.dtype, device=device)
         # The null page (page 0) is what padded reads see: keep it finite.
         self.data[:, :, : shape.page_size].zero_()
+        self._prefaulted = 0 if self.data.device.type == "cpu" and buffer is None else self.data.nbytes
+
+    @property
+    def prefault_pending(self) -> bool:
+        return self._prefaulted < self.data.nbytes
+
+    def prefault_next(self) -> None:
+        """Fault the next PREFAULT_CHUNK_BYTES of a host pool in (MADV_POPULATE_WRITE: the kernel maps and zeroes
+        fresh pages, mapped pages and their contents stay as they are, so it is safe beside live KV and other
+        threads' writes). The engine calls it while idle: a fresh pool's pages are otherwise faulted in by the
+        first steps that write them, ~1.1 s for 2 GiB on a 2-core AMD EPYC, which made the first batch-64 job's
+        8 x 512-token prefill steps 1.46 s against 1.34 s in later jobs. Without the call (kernels before 5.14,
+        no libc found) the pool is faulted in on first use as before."""
+        madvise = _madvise()
+        base, end = self.data.data_ptr(), self.data.data_ptr() + self.data.nbytes
+        start = base + self._prefaulted
+        page = 4096
+        lo, hi = start // page * page, min(end, start + PREFAULT_CHUNK_BYTES)
+        if madvise is None or madvise(lo, (hi - lo + page - 1) // page * page, MADV_POPULATE_WRITE) != 0:
+            self._prefaulted = self.data.nbytes  # not supported here: leave it to first use
+            return
+        self._prefaulted = hi - base
 
     def k(self, layer: int) -> torch.Tensor:
         return self.data[layer, 0]
