@@ -17,8 +17,9 @@ ERROR_WITHIN = 30  # seconds: prefill time before the fault + the 2 s heartbeat 
 SLOW_PREFILL = ("--chunked-prefill-size", "8")
 # The decode side's death must be noticed while pages are still moving: a frozen decode worker's shared
 # memory still takes writes, so the prefill must outlast the 2 s heartbeat deadline by a wide margin even on
-# a fast machine (4000 tokens in one-page chunks: ~5 s where 3000 in 8-token chunks took 2 s).
-SLOWER_PREFILL = ("--chunked-prefill-size", "4")
+# a fast machine (4000 tokens in 4-token chunks took ~5 s once, then 1.8 s on a Zen 5 host, under the deadline:
+# one-token chunks, 4000 steps).
+SLOWER_PREFILL = ("--chunked-prefill-size", "1")
 LONGER_PROMPT = [random.Random(2).randrange(10, 4000) for _ in range(4000)]
 
 
