@@ -200,14 +200,19 @@ int splitserve_sample_rows(const float *x, const int64_t *row_idx, int64_t rows,
                            const double *u, int64_t *out, int threads) {
     const int64_t chunks = (vocab + CHUNK - 1) / CHUNK;
     if (threads < 1) threads = 1;
+    int filtered = 0; /* the histogram and candidates only when a row filters */
+    for (int64_t i = 0; i < rows && !filtered; i++) filtered = top_k[i] < vocab || top_p[i] < 1.0f || min_p[i] > 0.0f;
     scratch_t *s = calloc((size_t)threads, sizeof *s);
     int failed = s == NULL;
     for (int t = 0; t < threads && !failed; t++) {
         s[t].sums = malloc((size_t)chunks * sizeof(double));
-        s[t].count = malloc(BUCKETS * sizeof(int32_t));
-        s[t].mass = malloc(BUCKETS * sizeof(double));
-        s[t].cand = malloc((size_t)vocab * sizeof(cand_t));
-        failed = !s[t].sums || !s[t].count || !s[t].mass || !s[t].cand;
+        failed = !s[t].sums;
+        if (filtered && !failed) {
+            s[t].count = malloc(BUCKETS * sizeof(int32_t));
+            s[t].mass = malloc(BUCKETS * sizeof(double));
+            s[t].cand = malloc((size_t)vocab * sizeof(cand_t));
+            failed = !s[t].count || !s[t].mass || !s[t].cand;
+        }
     }
     if (!failed) {
 #pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_ROWS) schedule(static)

@@ -1,11 +1,12 @@
 """Sampling: pure functions from a step's logits and its requests' parameters to next tokens.
 
-Order per row: raw log-probabilities (for ``logprobs``) -> the grammar's token mask -> penalties (repetition on prompt+output, frequency and
-presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) -> greedy argmax, or temperature
+Order per row: raw log-probabilities (for ``logprobs``) -> the grammar's token mask -> penalties (repetition on
+prompt+output, frequency and presence on output) -> ``logit_bias`` (added to the logits, OpenAI's semantics) ->
+greedy argmax, or temperature
 -> top-k / top-p / min-p filtering -> one draw from the distribution by inverting its cumulative sum at a uniform
 u in [0, 1) (sampler.c on CPU, which also filters without sorting the vocabulary: one random number per row where
-an exponential race needs one per vocabulary entry). A request with a seed takes u from (seed, output position) alone, so its tokens do not depend on
-batching, preemption or which worker runs the step.
+an exponential race needs one per vocabulary entry). A request with a seed takes u from (seed, output position)
+alone, so its tokens do not depend on batching, preemption or which worker runs the step.
 
 One request never fails another: the per-row work (penalties, bias, logprobs) runs row by row, and
 a row that raises is reported in ``errors`` (its token is -1) while every other row is sampled as usual; the

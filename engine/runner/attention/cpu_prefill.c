@@ -387,8 +387,9 @@ int splitserve_prefill_attention(const void *q, const void *k_cache, const void 
     }
     const int64_t slots = max_blocks * num_seqs * num_kv_heads;
     const size_t floats = scratch_floats(A.group, head_dim);
+#ifdef HAVE_BF16_TASK
     const int bf16 = dtype == 1 && kv_dtype == 1 && head_dim % 32 == 0; /* task_bf16 */
-    (void)bf16;
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1)
     {
