@@ -1,4 +1,5 @@
-"""Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` and ``draft_model`` on
+"""Speculative decoding benchmark, engine level, one run: speculation off against ``ngram`` (a token tree by default),
+``ngram_chain`` (one continuation per draft) and ``draft_model`` on
 the same engine settings, for each dtype and batch size, with the variants interleaved in every repeat (2-core
 hosts are noisy). The draft model is ``--draft-model`` in ``--draft-dtype`` (default: the target itself in
 bfloat16; ``benchmarks/export_checkpoint.py --layers N`` writes a cheaper, layer-truncated draft).
@@ -120,7 +121,12 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--workloads", nargs="+", default=["copy", "random"], choices=["copy", "random"])
-    ap.add_argument("--variants", nargs="+", default=["ngram", "draft_model"], choices=["ngram", "draft_model"])
+    ap.add_argument("--variants", nargs="+", default=["ngram", "ngram_chain", "draft_model"],
+                    choices=["ngram", "ngram_chain", "draft_model"],
+                    help="ngram: the defaults (a token tree); ngram_chain: one continuation, suffixes of 2-4 tokens "
+                         "(the defaults until 2026-12-05)")
+    ap.add_argument("--ngram-branches", type=int, default=SpeculativeConfig().speculative_ngram_branches)
+    ap.add_argument("--ngram-min", type=int, default=SpeculativeConfig().speculative_ngram_min)
     ap.add_argument("--draft-model", default=None, help="draft_model's checkpoint (default: the target itself)")
     ap.add_argument("--draft-dtype", default="bfloat16")
     ap.add_argument("--draft-tokens", type=int, default=SpeculativeConfig().speculative_num_draft_tokens)
@@ -139,7 +145,12 @@ def main() -> None:
         return
     path = model_dir(args.model)
     specs = {"none": SpeculativeConfig(),
-             "ngram": SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=args.draft_tokens),
+             "ngram": SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=args.draft_tokens,
+                                        speculative_ngram_branches=args.ngram_branches,
+                                        speculative_ngram_min=args.ngram_min),
+             "ngram_chain": SpeculativeConfig(speculative_algorithm="ngram",
+                                              speculative_num_draft_tokens=args.draft_tokens,
+                                              speculative_ngram_branches=1, speculative_ngram_min=2),
              "draft_model": SpeculativeConfig(
                  speculative_algorithm="draft_model", speculative_num_draft_tokens=args.draft_tokens,
                  speculative_draft_model_path=args.draft_model or str(path), speculative_draft_dtype=args.draft_dtype)}

@@ -186,9 +186,12 @@ class SpeculativeConfig:
                 "same tokenizer, --speculative-draft-model-path, proposes greedily)", "choices": SPEC_ALGORITHMS})
     speculative_num_draft_tokens: int = field(default=4, metadata={
         "help": "most draft tokens per request per step (1-16)"})
-    speculative_ngram_min: int = field(default=2, metadata={
+    speculative_ngram_min: int = field(default=1, metadata={
         "help": "ngram: shortest suffix that may match (longer matches are tried first)"})
     speculative_ngram_max: int = field(default=4, metadata={"help": "ngram: longest suffix matched"})
+    speculative_ngram_branches: int = field(default=3, metadata={
+        "help": "ngram: most continuations per draft (1-8); above 1 the draft is a token tree of the latest "
+                "occurrences of the matching suffixes, verified in the same forward pass"})
     speculative_policy: str = field(default="adaptive", metadata={
         "help": "who drafts: adaptive (a request drafts while its acceptance and the step and draft costs, timed at "
                 "load and then measured, say its drafts raise tokens/s); acceptance (whenever its acceptance stays "
@@ -211,6 +214,8 @@ class SpeculativeConfig:
             raise EngineConfigError("--speculative-num-draft-tokens must be from 1 to 16")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
             raise EngineConfigError("--speculative-ngram-min must be at least 1 and at most --speculative-ngram-max")
+        if not 1 <= self.speculative_ngram_branches <= 8:
+            raise EngineConfigError("--speculative-ngram-branches must be from 1 to 8")
         if self.speculative_policy not in SPEC_POLICIES:
             raise EngineConfigError(f"--speculative-policy must be one of {', '.join(SPEC_POLICIES)}")
         if (self.speculative_algorithm == "draft_model") != (self.speculative_draft_model_path is not None):

@@ -130,7 +130,8 @@ class EngineCore:
         eos = tuple(dict.fromkeys(self.arch.eos_token_ids + self.tokenizer.eos_token_ids))
         self.scheduler = Scheduler(cfg.scheduler, self.allocator, self.cache, page, eos)
         backend = create_backend(mc.attention_backend, self.pool, self.arch.num_heads, self.arch.head_dim)
-        self.runner = ModelRunner(self.model, self.pool, backend, self.device)
+        self.runner = ModelRunner(self.model, self.pool, backend, self.device,
+                                  hidden=drafter is not None and drafter.wants_hidden_states)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
@@ -291,9 +292,10 @@ class EngineCore:
         what ran); a failure that belongs to one request (its sampling, its detokenization or stop strings) fails
         that request alone with a 500 naming the stage, and the rest of the batch goes on."""
         order = self.runner.sampled_order(batch)
-        rows = [row for s in order for row in (draft_rows(s.req, s.draft) if s.draft else (s.req,))]
+        rows = [row for s in order for row in (draft_rows(s.req, s.draft, s.parents) if s.draft else (s.req,))]
         fill = self.masks.start([r.grammar for r in rows], [getattr(r, "ahead", ()) for r in rows])
-        logits, _, prompt_logits = self.runner.forward(batch)  # the masks fill meanwhile
+        fwd = self.runner.forward(batch)  # the masks fill meanwhile
+        logits, prompt_logits = fwd.logits, fwd.prompt_logits
         errors: dict[int, Exception] = {}
         outputs: list[StepOutput] = []
         mask = fill.result() if fill is not None else None
@@ -307,7 +309,13 @@ class EngineCore:
                     outputs.append(self.fail_request(seq.req, "prompt logprobs", e))  # update() then skips it
             tokens, logprobs = (sample(logits, rows, self.generator, errors, mask.apply if mask else None)
                                 if rows else ([], []))
-        new, lps, drafts, failed = split_rows(order, tokens, logprobs, errors, self.spec)
+        verified = split_rows(order, tokens, logprobs, errors, self.spec)
+        new, lps, drafts, moves, failed = verified[:5]
+        if fwd.hidden is not None and fwd.first_rows is not None and self.spec is not None:
+            self.spec.observe_hidden(batch.seqs, fwd.hidden, fwd.first_rows, verified)
+        for seq in order:  # an accepted tree path's K/V goes where a chain's would be, before anything reads it
+            if seq.req in moves:
+                self.runner.settle_draft(seq, moves[seq.req])
         for req in [r for r in new if r.grammar is not None and not r.finished]:
             try:  # a grammar that completes inside a verified run ends the run there
                 new[req] = new[req][:req.grammar.accept_run(new[req])]

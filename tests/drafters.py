@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from engine.config import SpeculativeConfig
 from engine.request import Request
-from engine.spec import Drafter
+from engine.spec import Drafter, DraftTree
 
 
 class OracleDrafter(Drafter):
@@ -38,6 +38,40 @@ class RandomDrafter(Drafter):
 
     def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
         return [[self.rng.randrange(self.vocab) for _ in range(k)] for k in limits]
+
+
+class TreeDrafter(Drafter):
+    """Proposes a token tree per request in which the target's own continuation (``truth``, as the oracle's) is
+    never the first branch: a random branch comes first and weighs most, the oracle's path follows, and a third
+    branch shares the oracle's first tokens and then parts from it (so the accepted path's K/V always has to move,
+    and rows attend over paths that leave the storage order)."""
+
+    name = "tree"
+
+    def __init__(self, truth: dict[str, list[int]], vocab: int, seed: int = 0) -> None:
+        self.truth = truth
+        self.vocab = vocab
+        self.rng = random.Random(seed)
+
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int] | DraftTree]:
+        out: list[list[int] | DraftTree] = []
+        for req, k in zip(reqs, limits):
+            done = len(req.output_ids)
+            good = list(self.truth.get(req.rid, [])[done:done + k])
+            noise = [self.rng.randrange(self.vocab) for _ in range(k)]
+            tokens, parents, weights = list(noise), list(range(-1, k - 1)), [0.9] * k
+            at = -1
+            for i, t in enumerate(good):  # the oracle's path
+                tokens.append(t)
+                parents.append(at)
+                weights.append(0.5)
+                at = len(tokens) - 1
+                if i == len(good) // 2 and i + 1 < len(good):  # a sibling of the oracle's next token
+                    tokens.append((good[i + 1] + 1) % self.vocab)
+                    parents.append(at)
+                    weights.append(0.4)
+            out.append(DraftTree(tuple(tokens), tuple(parents), tuple(weights)))
+        return out
 
 
 class CountingForwards:

@@ -48,8 +48,8 @@ class MaskFiller:
               ahead: list[tuple[int, ...]] | None = None) -> Future[StepMask] | None:
         """Begin filling the masks of a step whose logits rows belong to ``states`` (None: unconstrained).
         ``ahead[i]``: tokens row i comes after that the state has not accepted (a speculative verification's
-        drafts: rows of one state in order, each one token further than the one before); the state is put back
-        once its rows are filled."""
+        drafts: a chain's rows each one token further than the one before, a tree's each its node's path; the
+        state steps back to where two rows' paths part); the state is put back once its rows are filled."""
         rows = [i for i, s in enumerate(states) if s is not None]
         if not rows:
             return None
@@ -60,20 +60,27 @@ class MaskFiller:
         start = time.perf_counter()
         bitmask = xgr.allocate_token_bitmask(len(states), self.vocab_size)
         errors: dict[int, Exception] = {}
-        advanced: dict[int, tuple[GrammarState, int]] = {}  # id(state) -> (state, drafts it accepted here)
+        advanced: dict[int, tuple[GrammarState, tuple[int, ...]]] = {}  # id(state) -> (state, drafts it holds)
         for row in rows:
             state = states[row]
             try:
-                _, done = advanced.get(id(state), (state, 0))
-                for token in ahead[row][done:]:
+                _, held = advanced.get(id(state), (state, ()))
+                want = ahead[row]
+                common = next((i for i, (a, b) in enumerate(zip(held, want)) if a != b), min(len(held), len(want)))
+                if common < len(held):  # a tree's other branch: back to where the two paths part
+                    state.rollback(len(held) - common)  # type: ignore[union-attr]
+                    held = held[:common]
+                    advanced[id(state)] = (state, held)  # type: ignore[assignment]
+                for token in want[common:]:
                     state.accept(token)  # type: ignore[union-attr]
-                    done += 1
-                    advanced[id(state)] = (state, done)  # type: ignore[assignment]
+                    held = (*held, token)
+                    advanced[id(state)] = (state, held)  # type: ignore[assignment]
                 state.fill(bitmask, row)  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 - this request's grammar, not the step's
                 errors[row] = e
-        for state, done in advanced.values():
-            state.rollback(done)
+        for state, held in advanced.values():
+            if held:
+                state.rollback(len(held))
         words = bitmask[[r for r in rows if r not in errors]]
         allowed = ((words.unsqueeze(-1) >> _SHIFTS) & 1).bool().reshape(words.shape[0], 32 * words.shape[1])
         allowed = allowed[:, :self.vocab_size]

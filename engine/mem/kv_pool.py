@@ -94,6 +94,10 @@ class KVPool:
             return
         self._prefaulted = hi - base
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy one token's K and V, in every layer, from slot ``src`` to slot ``dst``."""
+        self.data[:, :, dst].copy_(self.data[:, :, src])
+
     def k(self, layer: int) -> torch.Tensor:
         return self.data[layer, 0]
 

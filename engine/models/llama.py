@@ -94,13 +94,20 @@ class CausalLM(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
                                     min(cfg.max_position_embeddings, 8192))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor | None,
                 backend: AttentionBackend) -> torch.Tensor:
+        """Logits (float32) of ``logit_rows``; with ``logit_rows=None`` the final hidden states of every row
+        (after the last norm, before the LM head: ``head`` turns rows of them into logits)."""
         h = self.embed_tokens(input_ids)
         rope = self.rope.table(positions, h.dtype)  # once per forward, shared by every layer
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, backend)
+        if logit_rows is None:
+            return self.norm(h) if residual is None else self.norm.add(h, residual)
         h = self.norm(h[logit_rows]) if residual is None else self.norm.add(h[logit_rows], residual[logit_rows])
+        return self.head(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
         return logits.float()

@@ -3,6 +3,7 @@ runs the model through the attention backend, and returns the logits of the posi
 prompt position of a request that asked for prompt logprobs (echo with logprobs)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -11,6 +12,7 @@ from engine.mem.kv_pool import KVPool
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionBackend, AttentionMeta, ExtendSeq
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+from engine.spec.tree import depths, path
 
 
 class ForwardOutput(NamedTuple):
@@ -19,10 +21,18 @@ class ForwardOutput(NamedTuple):
     # per extend chunk that asked for prompt logprobs: the chunk and the logits of its positions that predict a
     # prompt token (positions seq.start, seq.start + 1, ...)
     prompt_logits: list[tuple[ScheduledSeq, torch.Tensor]]
+    # a runner built with hidden=True: the final hidden state of every computed row ([T, hidden]), and each
+    # sequence's first row in it (a drafted one's rows are its newest token, then its draft nodes)
+    hidden: torch.Tensor | None = None
+    first_rows: dict[int, int] | None = None  # id(seq) -> row
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, pool: KVPool, backend: AttentionBackend, device: torch.device) -> None:
+    def __init__(self, model: CausalLM, pool: KVPool, backend: AttentionBackend, device: torch.device,
+                 hidden: bool = False) -> None:
+        """``hidden``: every forward also returns the final hidden states of all its rows (a drafter that reads
+        the target's features, engine/spec/base.py)."""
+        self.hidden = hidden
         self.model = model
         self.pool = pool
         self.backend = backend
@@ -40,6 +50,27 @@ class ModelRunner:
         last = min(s.end, len(s.req.prompt_ids) - 1)
         if last > s.start:
             rows.append((s, q_start, last - s.start))
+
+    @staticmethod
+    def _draft_rows(s: ScheduledSeq) -> list[tuple[int, int, list[int]]]:
+        """Per computed row of a decode (its newest token, then each draft node): its rotary position, how many of
+        the request's first positions it attends over, and the storage positions it attends over after those (a
+        tree node's path where it leaves the chain of storage positions; engine/spec/tree.py)."""
+        if not s.parents:
+            return [(pos, pos + 1, []) for pos in range(s.start, s.end)]
+        rows = [(s.start, s.start + 1, [])]
+        for i, depth in enumerate(depths(s.parents, len(s.draft))):
+            nodes = path(s.parents, i)
+            m = next((j for j, node in enumerate(nodes) if node != j), len(nodes))  # nodes 0..m-1: storage order
+            rows.append((s.start + depth, s.start + 1 + m, [s.start + 1 + node for node in nodes[m:]]))
+        return rows
+
+    def settle_draft(self, seq: ScheduledSeq, moves: list[tuple[int, int]]) -> None:
+        """Move an accepted tree path's K/V to the positions a chain would have put it at (tree.moves: offsets
+        after the newest token, copied in order)."""
+        pages = seq.req.pages
+        for src, dst in moves:
+            self.pool.copy_slot(self._slot(pages, seq.start + src), self._slot(pages, seq.start + dst))
 
     @staticmethod
     def sampled_order(batch: ScheduledBatch) -> list[ScheduledSeq]:
@@ -62,16 +93,20 @@ class ModelRunner:
         kv_lens: list[int] = []
         table: list[list[int]] = []
         prompt_rows: list[tuple[ScheduledSeq, int, int]] = []
+        extra: list[list[int]] = []  # per decode row: slots it attends over past its kv_len (draft tree paths)
+        first_rows: dict[int, int] = {}
         for s in decode:  # one token each (a prefill chunk of one token lands here too); a draft's positions are
             req = s.req   # decode rows too, each attending over the positions up to its own (causal by kv_len)
+            first_rows[id(s)] = len(ids)
             self._prompt_rows(s, len(ids), prompt_rows)
             ids.extend(req.tokens(s.start, s.start + 1))
             ids.extend(s.draft)
-            for pos in range(s.start, s.end):
+            for row, (pos, seen, own) in enumerate(self._draft_rows(s)):
                 positions.append(pos)
-                slots.append(self._slot(req.pages, pos))
-                kv_lens.append(pos + 1)
-                table.append(req.pages[: pos // p + 1])
+                slots.append(self._slot(req.pages, s.start + row))  # row i's K/V at storage position start + i
+                kv_lens.append(seen)
+                table.append(req.pages[: (seen - 1) // p + 1])
+                extra.append([self._slot(req.pages, at) for at in own])
                 if s.sample:
                     logit_rows.append(len(positions) - 1)
             if s.sample:
@@ -79,7 +114,7 @@ class ModelRunner:
         extends: list[ExtendSeq] = []
         for s in extend:
             req = s.req
-            q_start = len(ids)
+            q_start = first_rows[id(s)] = len(ids)
             ids.extend(req.tokens(s.start, s.end))
             positions.extend(range(s.start, s.end))
             slots.extend(self._slot(req.pages, t) for t in range(s.start, s.end))
@@ -101,15 +136,21 @@ class ModelRunner:
                                            device=self.device).reshape(len(table), width),
             extends=tuple(extends),
         )
+        if any(extra):
+            most = max(len(e) for e in extra)
+            meta = replace(meta, decode_extra_slots=torch.tensor([e + [0] * (most - len(e)) for e in extra],
+                                                                 dtype=torch.long, device=self.device),
+                           decode_extra_lens=torch.tensor([len(e) for e in extra], dtype=torch.long,
+                                                          device=self.device))
         self.backend.begin(meta)
-        logits = self.model(
-            torch.tensor(ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            torch.tensor(logit_rows, dtype=torch.long, device=self.device),
-            self.backend,
-        )
+        args = (torch.tensor(ids, dtype=torch.long, device=self.device),
+                torch.tensor(positions, dtype=torch.long, device=self.device))
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        hidden = self.model(*args, None, self.backend) if self.hidden else None
+        logits = self.model.head(hidden[rows]) if hidden is not None else self.model(*args, rows, self.backend)
         prompt_logits, at = [], n_sampled
         for seq, _, n in prompt_rows:
             prompt_logits.append((seq, logits[at:at + n]))
             at += n
-        return ForwardOutput(logits[:n_sampled], sampled, prompt_logits)
+        return ForwardOutput(logits[:n_sampled], sampled, prompt_logits, hidden,
+                             first_rows if hidden is not None else None)

@@ -15,6 +15,8 @@ class ScheduledSeq:
     # speculative decoding: tokens proposed to follow the sequence, computed after its newest token
     # (num_tokens = 1 + len(draft)); every one of those positions is sampled to verify them
     draft: tuple[int, ...] = ()
+    # a tree draft's parent of each draft token (-1: the newest token; engine/spec/tree.py); () for a chain
+    parents: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:

@@ -134,14 +134,15 @@ class Scheduler:
         req.output_ids.extend(tokens)
         return True
 
-    def with_drafts(self, batch: ScheduledBatch, drafts: dict[Request, list[int]]) -> ScheduledBatch:
-        """``batch`` with each drafted decode computing its draft too, where free pages hold it (no eviction and
-        no retraction for a draft: one that does not fit is dropped)."""
+    def with_drafts(self, batch: ScheduledBatch,
+                    drafts: dict[Request, tuple[tuple[int, ...], tuple[int, ...]]]) -> ScheduledBatch:
+        """``batch`` with each drafted decode computing its draft too ((tokens, parents), parents () for a chain),
+        where free pages hold it (no eviction and no retraction for a draft: one that does not fit is dropped)."""
         seqs = []
         for seq in batch.seqs:
-            draft = drafts.get(seq.req)
+            draft, parents = drafts.get(seq.req, ((), ()))
             if draft and seq.num_tokens == 1 and self.kv.grow(seq.req, 1 + len(draft), evict=False):
-                seq = ScheduledSeq(seq.req, seq.start, 1 + len(draft), True, tuple(draft))
+                seq = ScheduledSeq(seq.req, seq.start, 1 + len(draft), True, tuple(draft), tuple(parents))
             seqs.append(seq)
         return ScheduledBatch(seqs)
 

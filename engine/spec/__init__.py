@@ -10,10 +10,11 @@ from engine.spec.ngram import NgramDrafter
 from engine.spec.prior import CostPrior
 from engine.spec.prior import measure as measure_prior
 from engine.spec.speculator import Speculator
+from engine.spec.tree import DraftTree
 from engine.spec.verify import DraftRow, accepted, draft_rows, split_rows
 from engine.tokenizer import Tokenizer
 
-__all__ = ["CostPrior", "DraftRow", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_drafter",
+__all__ = ["CostPrior", "DraftRow", "DraftTree", "Drafter", "NgramDrafter", "Speculator", "accepted", "create_drafter",
            "draft_rows", "measure_prior", "split_rows"]
 
 
@@ -24,7 +25,7 @@ def create_drafter(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Token
     if cfg.speculative_algorithm == "none":
         return None
     if cfg.speculative_algorithm == "ngram":
-        return NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max)
+        return NgramDrafter(cfg.speculative_ngram_min, cfg.speculative_ngram_max, cfg.speculative_ngram_branches)
     if cfg.speculative_algorithm == "draft_model":
         from engine.spec.draft_model import load_draft_model
         return load_draft_model(cfg, target, tokenizer, vocab_size, dtype, device)

@@ -7,21 +7,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
+
 from engine.request import Request
+from engine.spec.tree import DraftTree
 
 
 class Drafter(ABC):
     name: str
     kv_bytes_per_token: int = 0  # the drafter's own KV bytes per token of a sequence (0: it keeps no KV)
+    # EAGLE-style drafters read the target's features: with this set the target's runner keeps the final hidden
+    # state of every row it computes and ``observe_hidden`` gets each request's, position by position
+    wants_hidden_states: bool = False
     # seconds the last proposal spent drafting proper, when it also did other work (a draft model catching up on
     # a prompt); None: the whole proposal is drafting
     draft_seconds: float | None = None
 
     @abstractmethod
-    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
-        """Draft tokens for each request, at most ``limits[i]`` for ``reqs[i]`` (possibly none), to follow its
-        prompt and output so far. A drafter proposes one token per position (a chain); the verifier accepts the
-        longest prefix the target agrees with."""
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int] | DraftTree]:
+        """Draft tokens for each request, at most ``limits[i]`` positions deep for ``reqs[i]`` (possibly none), to
+        follow its prompt and output so far: a chain (a list, one token per position; the verifier accepts the
+        longest prefix the target agrees with) or a token tree (engine/spec/tree.py: several candidates where
+        they branch; the verifier follows the branch the target agrees with)."""
 
     def allocate(self, num_tokens: int, page_size: int) -> None:
         """Build the drafter's KV pool for ``num_tokens`` tokens (called once, before the first proposal)."""
@@ -30,6 +37,12 @@ class Drafter(ABC):
         """Seconds of one draft forward by the number of requests in it, timed once at load (after
         ``allocate``; engine/spec/prior.py); empty for a drafter that runs no model."""
         return {}
+
+    def observe_hidden(self, req: Request, start: int, hidden: torch.Tensor) -> None:
+        """(``wants_hidden_states``) The target's final hidden states (after its last norm, before its LM head) of
+        ``req``'s positions ``start``, ``start + 1``, ...: of every prompt chunk and decode as it is computed, and
+        of a verification the newest token's and its accepted drafts' (rejected drafts never arrive). Row p is
+        the feature that predicted token p + 1, which an EAGLE head reads with that token."""
 
     def release(self, req: Request) -> None:
         """The request left the engine: forget what was kept for it."""

@@ -29,6 +29,11 @@ def expected_accepted(rate: float, drafted: int) -> float:
     return sum(rate ** i for i in range(1, drafted + 1))
 
 
+def chain_values(rate: float, length: int) -> list[float]:
+    """A chain draft's positions by their expected acceptance: rate, rate^2, ..., rate^length."""
+    return [rate ** i for i in range(1, length + 1)]
+
+
 class StepCost:
     def __init__(self, prior: dict[int, float] | None = None) -> None:
         """``prior``: rows -> seconds timed at load (engine/spec/prior.py). It gives the curve's shape where no
@@ -82,18 +87,19 @@ class StepCost:
         (r0, t0), (r1, t1) = points[i - 1], points[i]
         return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
 
-    def trim(self, decodes: int, drafts: list[tuple[float, int]]) -> list[int]:
-        """How many tokens of each of ``drafts`` ((acceptance rate, draft length)) to verify alongside ``decodes``
-        decoding requests. Draft position i of a request is accepted with probability rate^i, so the positions of
-        all drafts are taken in that order (each request's in its own order, a prefix of its draft) and the most
-        that maximise expected tokens per second: (decodes + expected accepted) / time(rows); of counts that tie,
-        the most (more positions at the same throughput end each drafted request in fewer steps). An earlier
-        choice also kept counts within 1% of the best: per position, that let a row through wherever rows cost a
-        decode each."""
+    def trim(self, decodes: int, drafts: list[list[float]]) -> list[int]:
+        """How many nodes of each of ``drafts`` to verify alongside ``decodes`` decoding requests. A draft is given
+        as its nodes' expected acceptance, in the order they are to be kept (non-increasing: a chain's i-th token
+        is accepted with probability rate^i, ``chain_values``; a tree orders its nodes so, engine/spec/tree.py),
+        so the nodes of all drafts are taken by that value (each draft's in its own order, a prefix of it) and
+        the most that maximise expected tokens per second: (decodes + expected accepted) / time(rows); of counts
+        that tie, the most (more positions at the same throughput end each drafted request in fewer steps). An
+        earlier choice also kept counts within 1% of the best: per position, that let a row through wherever rows
+        cost a decode each."""
         base = self.estimate(decodes)
         if base is None or base <= 0:
-            return [length for _, length in drafts]
-        positions = sorted(((rate ** i, j) for j, (rate, length) in enumerate(drafts) for i in range(1, length + 1)),
+            return [len(values) for values in drafts]
+        positions = sorted(((v, j) for j, values in enumerate(drafts) for v in values),
                            key=lambda p: -p[0])  # stable: equal values keep each draft's own order
         rates, tokens = [decodes / base], float(decodes)
         for count, (value, _) in enumerate(positions, 1):

@@ -30,13 +30,16 @@ import time
 import weakref
 from dataclasses import dataclass
 
+import torch
+
 from engine.config import SpeculativeConfig
 from engine.request import Request
 from engine.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from engine.spec.base import Drafter
 from engine.spec.cost import StepCost, expected_accepted
 from engine.spec.prior import CostPrior
-from engine.spec.verify import accepted
+from engine.spec.tree import DraftTree, depths, path, walk
+from engine.spec.verify import Verified, feature_rows
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,17 @@ class _Track:
     ema: float  # a new request starts from the speculator's acceptance over all requests
     pause: int = 0  # steps left without drafting
     backoff: int = BACKOFF_MIN
+
+
+def _by_value(tree: DraftTree, rate: float) -> tuple[DraftTree, list[float]]:
+    """The tree's nodes ordered by their expected acceptance, rate^depth times the drafter's weight (no more than
+    the parent's), highest first and parents before children, and those values: cost.trim keeps a prefix."""
+    level = depths(tree.parents, len(tree))
+    values: list[float] = []
+    for i, p in enumerate(tree.parents):
+        values.append(min(tree.weights[i] * rate ** level[i], values[p] if p >= 0 else 1.0))
+    order = sorted(range(len(tree)), key=lambda i: -values[i])  # stable: a tie keeps the parent first
+    return tree.keep(order), [values[i] for i in order]
 
 
 class Speculator:
@@ -157,16 +171,20 @@ class Speculator:
             if not pays and proposed:
                 self._probe_every = min(PROBE_MAX, 2 * self._probe_every)
             self._next_probe = self._steps + (1 if not pays and not proposed else self._probe_every)
-        drafts = [self._checked(s.req, d[:k]) for (s, k), d in zip(chosen, drafts)]
-        found = sorted(((self._track(s.req).ema, s.req, d) for (s, _), d in zip(chosen, drafts) if d),
-                       key=lambda t: -t[0])
+        trees = [self._checked(s.req, d if isinstance(d, DraftTree) else DraftTree.chain(d), k)
+                 for (s, k), d in zip(chosen, drafts)]
+        found = sorted(((self._track(s.req).ema, s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
+                       key=lambda x: -x[0])
+        found = [(rate, req, _by_value(tree, rate)) for rate, req, tree in found]
         if not self._adaptive or (probe and not pays):  # one request's whole draft (a probe that does not pay)
-            lengths = [len(d) for _, _, d in found]
+            lengths = [len(t) for _, _, (t, _) in found]
         else:
-            lengths = self.cost.trim(len(seqs), [(rate, len(d)) for rate, _, d in found])
+            lengths = self.cost.trim(len(seqs), [values for _, _, (_, values) in found])
             if probe:  # every request verifies at least its first draft token, so that an acceptance the cuts
                 lengths = [max(1, n) for n in lengths]  # keep at zero can recover (whole drafts cost 3x a step)
-        return scheduler.with_drafts(batch, {req: d[:n] for (_, req, d), n in zip(found, lengths) if n})
+        kept = {req: t.prefix(n) for (_, req, (t, _)), n in zip(found, lengths) if n}
+        return scheduler.with_drafts(batch, {req: (t.tokens, () if t.is_chain else t.parents)
+                                             for req, t in kept.items()})
 
     def _pays(self, decodes: int, chosen: list[tuple[ScheduledSeq, int]]) -> bool:
         """Whether drafting for ``chosen`` is expected to beat plain decoding in tokens per second, the
@@ -182,31 +200,49 @@ class Speculator:
         tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
         return spent <= 0 or tokens / spent > (1 + MARGIN) * decodes / base
 
-    def _checked(self, req: Request, draft: list[int]) -> list[int]:
-        """The draft up to its first token outside the vocabulary or refused by the request's grammar."""
-        bad = next((i for i, t in enumerate(draft) if not 0 <= t < self.vocab_size), len(draft))
-        draft = draft[:bad]
-        if draft and req.grammar is not None:
+    def _checked(self, req: Request, tree: DraftTree, depth: int) -> DraftTree:
+        """The draft without the nodes deeper than ``depth``, outside the vocabulary or refused by the request's
+        grammar (with their subtrees)."""
+        level = depths(tree.parents, len(tree))
+        ok = [True] * len(tree)
+        keep: list[int] = []
+        for i, p in enumerate(tree.parents):
+            if level[i] <= depth and 0 <= tree.tokens[i] < self.vocab_size and (p < 0 or ok[p]):
+                keep.append(i)
+            else:
+                ok[i] = False
+        tree = tree.keep(keep) if len(keep) < len(tree) else tree
+        if len(tree) and req.grammar is not None:
             try:
-                draft = draft[:req.grammar.valid_prefix(draft)]
+                tree = tree.keep(self._allowed(req, tree))
             except Exception as e:  # noqa: BLE001 - this request goes without a draft; its grammar is checked again
                 log.warning("request %s: its grammar could not check a draft: %s: %s", req.rid, type(e).__name__, e)
-                return []
-        return draft
+                return DraftTree.chain([])
+        return tree
+
+    @staticmethod
+    def _allowed(req: Request, tree: DraftTree) -> list[int]:
+        """The nodes whose paths the request's grammar allows (a chain in one check, a tree one per leaf)."""
+        leaves = [i for i in range(len(tree)) if i not in set(tree.parents)]
+        allowed: set[int] = set()
+        for leaf in leaves:
+            nodes = path(tree.parents, leaf)
+            allowed.update(nodes[:req.grammar.valid_prefix([tree.tokens[i] for i in nodes])])
+        return sorted(allowed)
 
     def observe(self, batch: ScheduledBatch, seconds: float) -> None:
         """A step's time, learnt by its row count when it only decoded (a prefill chunk's time is not a row's)."""
         if all(s.num_tokens == 1 or s.draft for s in batch.seqs):
             self.cost.observe(batch.num_tokens, seconds)
 
-    def verify(self, seq: ScheduledSeq, sampled: list[int]) -> list[int]:
-        """The tokens ``seq``'s rows emit; updates the request's acceptance."""
+    def verify(self, seq: ScheduledSeq, sampled: list[int]) -> tuple[list[int], list[int]]:
+        """The tokens ``seq``'s rows emit and the draft nodes accepted; updates the request's acceptance."""
         if not seq.draft:
-            return sampled
-        out = accepted(seq.draft, sampled)
+            return sampled, []
+        out, nodes = walk(seq.draft, seq.parents, sampled)
         track = self._track(seq.req)
-        k, hit = len(seq.draft), len(out) - 1
-        self.drafted += k
+        k, hit = max(depths(seq.parents, len(seq.draft))), len(out) - 1
+        self.drafted += len(seq.draft)  # draft tokens verified: a tree's every node
         self.accepted += hit
         self.verifications += 1
         rate = hit / min(hit + 1, k)  # per position tried: the one after the last accepted was tried and missed
@@ -217,7 +253,17 @@ class Speculator:
             track.ema = MIN_ACCEPT  # the probe after the pause starts at the threshold
         elif hit == k:
             track.backoff = BACKOFF_MIN
-        return out
+        return out, nodes
+
+    def observe_hidden(self, seqs: list[ScheduledSeq], hidden: torch.Tensor, first_rows: dict[int, int],
+                       verified: Verified) -> None:
+        """Hand a drafter that reads the target's features each request's rows of this step."""
+        for seq, rows in feature_rows(seqs, first_rows, verified):
+            try:
+                self.drafter.observe_hidden(seq.req, seq.start, hidden[rows])
+            except Exception as e:  # noqa: BLE001 - this request's drafts, not the step's
+                log.warning("drafter %s could not take request %s's hidden states: %s: %s", self.drafter.name,
+                            seq.req.rid, type(e).__name__, e)
 
     def release(self, req: Request) -> None:
         self.drafter.release(req)

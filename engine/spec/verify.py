@@ -9,15 +9,21 @@ same prefix, so greedy output is token-identical, a seeded request is token-iden
 output has the target's distribution. For a drafter that proposes one token (a point mass q), this is rejection
 sampling (Leviathan et al. 2023): d is accepted with probability p(d) = min(1, p(d)/q(d)), and on rejection the
 token comes from p without d, renormalised, which is p(.)/(1 - p(d)) over the others, as sampling from p
-conditioned on not d gives."""
+conditioned on not d gives.
+
+A tree draft (engine/spec/tree.py) verifies every node the same way: node i's row is sampled as the token after
+the root's sequence plus node i's path, with the seeded uniform of its depth's output position; the walk from the
+root follows the child that holds the sampled token. Each emitted token is still the target's sample given the
+tokens before it, so trees are exactly as lossless as chains, whatever branches they hold."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.batch import ScheduledSeq
+from engine.spec.tree import moves, path, walk
 
 if TYPE_CHECKING:
     from engine.sampler import TokenLogprob
@@ -36,45 +42,71 @@ class DraftRow:
     ahead: tuple[int, ...] = ()
 
 
-def draft_rows(req: Request, draft: tuple[int, ...]) -> list[DraftRow]:
-    """The k + 1 rows a drafted request samples."""
-    return [DraftRow(req.sampling, req.seed, req.prompt_ids, req.output_ids + list(draft[:i]), req.grammar,
-                     tuple(draft[:i])) for i in range(len(draft) + 1)]
+def draft_rows(req: Request, draft: tuple[int, ...], parents: tuple[int, ...] = ()) -> list[DraftRow]:
+    """The 1 + len(draft) rows a drafted request samples: the root's, then each node's (its path accepted)."""
+    aheads = [()] + [tuple(draft[j] for j in path(parents, i)) for i in range(len(draft))]
+    return [DraftRow(req.sampling, req.seed, req.prompt_ids, req.output_ids + list(a), req.grammar, a)
+            for a in aheads]
 
 
-def accepted(draft: tuple[int, ...], sampled: list[int]) -> list[int]:
-    """The tokens verification emits: ``sampled[i]`` (t_i) for i = 0, 1, ... through the first that differs
-    from ``draft[i]`` (or the last row's)."""
-    assert len(sampled) == len(draft) + 1, "one sampled token per verified position"
-    for i, d in enumerate(draft):
-        if sampled[i] != d:
-            return sampled[:i + 1]
-    return list(sampled)
+def accepted(draft: tuple[int, ...], sampled: list[int], parents: tuple[int, ...] = ()) -> list[int]:
+    """The tokens verification emits: for a chain ``sampled[i]`` (t_i) for i = 0, 1, ... through the first that
+    differs from ``draft[i]`` (or the last row's); for a tree, the sampled tokens along the walk (tree.walk)."""
+    return walk(draft, parents, sampled)[0]
+
+
+class Verified(NamedTuple):
+    """A step's sampled rows, per request: the tokens it emits (a drafted one's verified run), their logprobs,
+    (drafted, accepted) for drafted ones, the accepted tree nodes whose K/V must move (tree.moves), and the
+    requests whose rows failed (each with its error), which emit nothing."""
+
+    new: dict[Request, list[int]]
+    logprobs: dict[Request, list[TokenLogprob]]
+    drafts: dict[Request, tuple[int, int]]
+    moves: dict[Request, list[tuple[int, int]]]
+    failed: list[tuple[Request, Exception]]
+    nodes: dict[Request, list[int]]  # a drafted request's accepted draft nodes, in path order
 
 
 def split_rows(order: list[ScheduledSeq], tokens: list[int], logprobs: list[TokenLogprob | None],
-               errors: dict[int, Exception], spec: Speculator | None) -> tuple[
-                   dict[Request, list[int]], dict[Request, list[TokenLogprob]], dict[Request, tuple[int, int]],
-                   list[tuple[Request, Exception]]]:
-    """From a step's sampled rows (``order``: the sampled sequences, 1 + len(draft) rows each) to, per request,
-    the tokens it emits (a drafted one's verified run), their logprobs, (drafted, accepted) for drafted ones,
-    and the requests whose rows failed (each with its error), which emit nothing."""
-    new: dict[Request, list[int]] = {}
-    lps: dict[Request, list[TokenLogprob]] = {}
-    drafts: dict[Request, tuple[int, int]] = {}
-    failed: list[tuple[Request, Exception]] = []
+               errors: dict[int, Exception], spec: Speculator | None) -> Verified:
+    """From a step's sampled rows (``order``: the sampled sequences, 1 + len(draft) rows each) to what each
+    request emits."""
+    out = Verified({}, {}, {}, {}, [], {})
     at = 0
     for seq in order:
         req, span = seq.req, range(at, at + 1 + len(seq.draft))
         at = span.stop
         error = next((errors[i] for i in span if i in errors), None)
         if error is not None:
-            failed.append((req, error))
+            out.failed.append((req, error))
             continue
         rows = tokens[span.start:span.stop]
-        run = spec.verify(seq, rows) if seq.draft and spec is not None else rows
-        new[req] = run
-        lps[req] = [lp for lp in logprobs[span.start:span.start + len(run)] if lp is not None]
+        run, nodes = (spec.verify(seq, rows) if seq.draft and spec is not None
+                      else (rows, list(range(len(rows) - 1))))
+        out.new[req] = run
+        out.logprobs[req] = [lp for lp in (logprobs[span.start + r] for r in [0, *(1 + i for i in nodes)])
+                             if lp is not None]
         if seq.draft:
-            drafts[req] = (len(seq.draft), len(run) - 1)
-    return new, lps, drafts, failed
+            out.nodes[req] = nodes
+            out.drafts[req] = (len(seq.draft), len(run) - 1)
+            if seq.parents and moves(nodes):
+                out.moves[req] = moves(nodes)
+    return out
+
+
+def feature_rows(seqs: list[ScheduledSeq], first_rows: dict[int, int],
+                 verified: Verified) -> list[tuple[ScheduledSeq, list[int]]]:
+    """Per computed sequence, the forward's rows of the positions it keeps, from ``seq.start`` on: a chunk's or a
+    decode's every row, a drafted request's newest token and its accepted nodes (none for a failed request)."""
+    failed = {id(req) for req, _ in verified.failed}
+    out = []
+    for seq in seqs:
+        if id(seq.req) in failed or seq.req.finished and seq.req not in verified.new:
+            continue
+        first = first_rows[id(seq)]
+        if seq.draft:
+            out.append((seq, [first, *(first + 1 + i for i in verified.nodes.get(seq.req, []))]))
+        else:
+            out.append((seq, list(range(first, first + seq.num_tokens))))
+    return out

@@ -44,6 +44,36 @@ def test_kernel_matches_sdpa(heads: int, kv_heads: int, dim: int, dtype: torch.d
         assert (out[b].float() - ref).abs().max().item() < tol, (b, n)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (9, 3, 64), (4, 4, 32)])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("generic", [False, True], ids=["fast", "generic"])
+def test_a_row_attends_over_its_extra_slots_after_its_pages(heads: int, kv_heads: int, dim: int,
+                                                          kv_dtype: torch.dtype, generic: bool) -> None:
+    """A draft tree node's row: its first kv_len positions through the page table, then slots named one by one
+    (its path, anywhere in the pool); rows without extras are untouched by the others' (lengths 0-5)."""
+    lib = decode_kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the pure-torch path is used instead")
+    gen = torch.Generator().manual_seed(7 * heads + dim)
+    page, pages = 16, 32
+    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    lens = torch.tensor([1, 17, 40, 16, 33, 5])
+    table = torch.stack([torch.randperm(pages - 1, generator=gen)[:4] + 1 for _ in lens])
+    extra_lens = torch.tensor([3, 0, 5, 1, 2, 4])
+    extra = torch.randint(page, pages * page, (len(lens), 5), generator=gen)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    out = decode_attention(lib, q, k_cache, v_cache, table, lens, page, dim ** -0.5, generic=generic,
+                           extra_slots=extra, extra_lens=extra_lens)
+    for b, n in enumerate(lens.tolist()):
+        slots = (table[b].unsqueeze(1) * page + torch.arange(page)).reshape(-1)[:n]
+        slots = torch.cat([slots, extra[b, :int(extra_lens[b])]])
+        k, v = k_cache[slots].float().transpose(0, 1), v_cache[slots].float().transpose(0, 1)
+        ref = F.scaled_dot_product_attention(q[b].unsqueeze(1), k, v, scale=dim ** -0.5,
+                                             enable_gqa=True).squeeze(1)
+        assert (out[b] - ref).abs().max().item() < 1e-5, (b, n)
+
+
 def test_shapes_beyond_the_kernel_decode_through_torch(tiny_model_dir) -> None:  # noqa: ANN001
     """A page size the kernel refuses (over 256 tokens) still serves: the backend takes the gather path."""
     from engine.sampling_params import SamplingParams

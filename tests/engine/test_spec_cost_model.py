@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.cost import StepCost, expected_accepted
+from engine.spec.cost import StepCost, chain_values, expected_accepted
 
 
 def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
@@ -23,25 +23,26 @@ def test_expected_accepted_is_a_geometric_sum() -> None:
 
 
 def test_a_cost_model_without_data_or_with_one_bucket_explores() -> None:
-    assert StepCost().trim(4, [(0.1, 4)] * 3) == [4, 4, 4]
+    assert StepCost().trim(4, [chain_values(0.1, 4)] * 3) == [4, 4, 4]
     one = StepCost()
     one.observe(4, 0.05)
-    assert one.trim(4, [(0.1, 4)] * 3) == [4, 4, 4]
+    assert one.trim(4, [chain_values(0.1, 4)] * 3) == [4, 4, 4]
 
 
 def test_free_rows_keep_every_draft_that_may_be_accepted() -> None:
     cost = learnt(lambda rows: 0.040)
-    assert cost.trim(4, [(0.9, 4), (0.5, 4), (0.05, 4)]) == [4, 4, 4]
+    assert cost.trim(4, [chain_values(0.9, 4), chain_values(0.5, 4), chain_values(0.05, 4)]) == [4, 4, 4]
 
 
 def test_rows_that_cost_a_decode_each_keep_none() -> None:
     cost = learnt(lambda rows: 0.005 * rows)
-    assert cost.trim(16, [(0.9, 4), (0.8, 4)]) == [0, 0]
+    assert cost.trim(16, [chain_values(0.9, 4), chain_values(0.8, 4)]) == [0, 0]
 
 
 def test_in_between_only_the_well_accepted_drafts_are_kept() -> None:
     cost = learnt(lambda rows: 0.040 + 0.004 * rows)  # a row costs a tenth of a one-row step
-    assert cost.trim(4, [(0.95, 4), (0.9, 4), (0.02, 4), (0.01, 4)]) == [4, 4, 0, 0]
+    drafts = [chain_values(0.95, 4), chain_values(0.9, 4), chain_values(0.02, 4), chain_values(0.01, 4)]
+    assert cost.trim(4, drafts) == [4, 4, 0, 0]
 
 
 def test_each_draft_is_cut_where_its_next_token_is_too_unlikely_to_pay_for_its_row() -> None:
@@ -49,10 +50,10 @@ def test_each_draft_is_cut_where_its_next_token_is_too_unlikely_to_pay_for_its_r
     lone request keeps positions while their chance beats the step's tokens per row so far, all 8 at 0.95, a few
     at 0.6, one at most at 0.3. Together, positions go where they are likeliest, each draft cut from its end."""
     cost = learnt(lambda rows: 0.040 + 0.004 * rows)
-    assert cost.trim(1, [(0.95, 8)]) == [8]
-    assert 2 <= cost.trim(1, [(0.6, 8)])[0] <= 4
-    assert cost.trim(1, [(0.3, 8)])[0] <= 1
-    lengths = cost.trim(1, [(0.95, 8), (0.6, 8), (0.3, 8)])
+    assert cost.trim(1, [chain_values(0.95, 8)]) == [8]
+    assert 2 <= cost.trim(1, [chain_values(0.6, 8)])[0] <= 4
+    assert cost.trim(1, [chain_values(0.3, 8)])[0] <= 1
+    lengths = cost.trim(1, [chain_values(0.95, 8), chain_values(0.6, 8), chain_values(0.3, 8)])
     assert lengths[0] == 8 and lengths == sorted(lengths, reverse=True) and sum(lengths) < 12, lengths
 
 
@@ -75,7 +76,7 @@ def test_a_few_cheap_steps_are_not_drowned_by_many_drafted_ones() -> None:
         cost.observe(rows, real(rows))
     assert cost.estimate(4) == pytest.approx(0.024)
     assert cost.estimate(14) == pytest.approx(real(14), rel=0.05)
-    assert sum(cost.trim(4, [(0.73, 4)] * 4)) < 16
+    assert sum(cost.trim(4, [chain_values(0.73, 4)] * 4)) < 16
 
 
 def test_estimates_never_fall_as_rows_grow() -> None:

@@ -7,6 +7,7 @@ drafts and forwards turn them off (``drafting_always``)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,15 @@ from engine.config import SpeculativeConfig
 from engine.engine_core import EngineCore
 from engine.request import Abort, Request
 from engine.sampling_params import SamplingParams
-from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, drafting_always
+from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, TreeDrafter, drafting_always
 from tests.engine.conftest import make_core
 
 K = 4
 # the seeded requests' temperature: the random tiny model repeats itself rarely when sampled (at 0.3, 0-8 drafts
 # over the 8 requests, depending on the seeds), more often at 0.1 (12-22), so the n-gram drafter has drafts to verify
 SEEDED_T = 0.1
-NGRAM = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=K, speculative_ngram_min=1)
+NGRAM = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=K, speculative_ngram_min=1,
+                          speculative_ngram_branches=1)
 
 
 def prompts(n: int, seed: int = 1) -> list[list[int]]:
@@ -72,17 +74,22 @@ def reference(tiny_model_dir: Path) -> dict[float, list[Request]]:
 
 
 def drafter_for(name: str, ref: list[Request]):  # noqa: ANN201
-    return {"ngram": None, "oracle": OracleDrafter({r.rid: r.output_ids for r in ref}),
-            "random": RandomDrafter(4000)}[name]
+    truth = {r.rid: r.output_ids for r in ref}
+    return {"ngram": None, "ngram-tree": None, "oracle": OracleDrafter(truth), "random": RandomDrafter(4000),
+            "tree": TreeDrafter(truth, 4000)}[name]
+
+
+def speculation_for(name: str) -> SpeculativeConfig:
+    return replace(NGRAM, speculative_ngram_branches=3) if name == "ngram-tree" else NGRAM
 
 
 @pytest.mark.parametrize("temperature", [0.0, SEEDED_T], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("drafter", ["ngram", "oracle", "random"])
+@pytest.mark.parametrize("drafter", ["ngram", "ngram-tree", "oracle", "random", "tree"])
 @pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
 def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference: dict, drafter: str,
                                                 temperature: float, pool: int) -> None:
     ref = reference[temperature]
-    core = make_core(tiny_model_dir, max_total_tokens=pool, speculative=drafting_always(NGRAM),
+    core = make_core(tiny_model_dir, max_total_tokens=pool, speculative=drafting_always(speculation_for(drafter)),
                      drafter=drafter_for(drafter, ref))
     forwards = CountingForwards(core)
     got = run(core, prompts(8), [params(i, temperature) for i in range(8)])
@@ -93,8 +100,8 @@ def test_output_is_identical_with_every_drafter(tiny_model_dir: Path, reference:
     assert spec.drafted > 0, "drafts were verified"
     if drafter == "oracle":
         assert spec.accepted == spec.drafted
-        if pool == 8192:  # the longest request (60 tokens) bounds the step count
-            assert forwards.count <= 2 + -(-59 // (K + 1)), "accepted drafts must replace forward passes"
+    if drafter in ("oracle", "tree") and pool == 8192:  # the longest request (60 tokens) bounds the step count
+        assert forwards.count <= 2 + -(-59 // (K + 1)), "accepted drafts must replace forward passes"
     if drafter == "random":
         assert spec.accepted <= spec.drafted // 10
 
@@ -107,6 +114,26 @@ def test_a_lone_request_with_an_oracle_takes_one_forward_per_k_plus_one_tokens(t
     (got,) = run(core, [ref.prompt_ids], [ref.sampling])
     assert got.output_ids == ref.output_ids
     assert forwards.count == 1 + -(-(60 - 1) // (K + 1))  # the prefill gives the first token
+
+
+@pytest.mark.parametrize("page", [4, 512], ids=["native-kernel", "torch-gather"])
+def test_a_tree_draft_accepts_the_branch_the_target_agrees_with(tiny_model_dir: Path, reference: dict,
+                                                               page: int) -> None:
+    """The target's continuation is the second branch of every tree (after a heavier random one): each step
+    accepts it whole, the accepted path's K/V moves to where a chain's would be, and the output is plain
+    decoding's. Page size 512 is beyond the native kernel, so the torch gather path attends over the paths."""
+    ref = reference[0.0][1]  # 60 tokens
+    core = make_core(tiny_model_dir, page_size=page, max_total_tokens=4096, speculative=drafting_always(NGRAM),
+                     drafter=TreeDrafter({"r0": ref.output_ids}, 4000))
+    assert (core.runner.backend._native is None) == (page == 512)
+    forwards = CountingForwards(core)
+    moved: list[int] = []
+    settle = core.runner.settle_draft
+    core.runner.settle_draft = lambda seq, moves: (moved.append(len(moves)), settle(seq, moves))
+    (got,) = run(core, [ref.prompt_ids], [ref.sampling])
+    assert got.output_ids == ref.output_ids
+    assert forwards.count == 1 + -(-(60 - 1) // (K + 1))
+    assert moved and min(moved) > 0, "the accepted branch sat behind another one in storage"
 
 
 def test_aborting_speculating_requests_leaves_no_page_behind(tiny_model_dir: Path, reference: dict) -> None:
@@ -153,7 +180,7 @@ def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, 
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
-@pytest.mark.parametrize("drafter", ["oracle", "random"])
+@pytest.mark.parametrize("drafter", ["oracle", "random", "tree"])
 def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_dir: Path, drafter: str) -> None:
     """A regex-constrained batch (the grammar completes inside verified runs; ignore_eos, so only the grammar
     ends them) gives the same text with drafts: oracle drafts pass the grammar and are all accepted, random ones
@@ -180,13 +207,15 @@ def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_di
     want = batch(make_core(tiny_model_dir, jump_forward=False))
     assert all(re.fullmatch(WORDS, r.detok.text) and r.finish_reason == "stop" for r in want)
     core = make_core(tiny_model_dir, jump_forward=False, speculative=NGRAM,
-                     drafter=drafter_for(drafter, want) if drafter == "oracle" else RandomDrafter(4000, seed=2))
+                     drafter=drafter_for(drafter, want) if drafter != "random" else RandomDrafter(4000, seed=2))
     got = batch(core)
     assert [(r.output_ids, r.detok.text, r.finish_reason) for r in got] == [
         (r.output_ids, r.detok.text, r.finish_reason) for r in want]
     assert core.spec.drafted > 0
     if drafter == "oracle":
         assert core.spec.accepted == core.spec.drafted
+    if drafter == "tree":  # the random branches are cut where the grammar refuses them, the oracle's kept
+        assert core.spec.accepted > core.spec.drafted // 3
 
 
 class _Failing(OracleDrafter):

@@ -26,6 +26,10 @@ class AttentionMeta:
     decode_kv_lens: torch.Tensor  # [num_decode]
     decode_page_table: torch.Tensor  # [num_decode, max_pages], padded with the null page 0
     extends: tuple[ExtendSeq, ...]
+    # draft tree nodes: slots a decode row attends over after its first kv_len positions (its path's storage
+    # slots, engine/spec/tree.py), [num_decode, max_extra] padded with 0, and how many per row; None: none
+    decode_extra_slots: torch.Tensor | None = None
+    decode_extra_lens: torch.Tensor | None = None
 
 
 class AttentionBackend(ABC):

@@ -19,7 +19,10 @@
  * difference (0.97-1.02x), nor did huge pages under the pool.
  *
  * Layout: k_cache/v_cache [num_slots, kv_heads, head_dim]; slot = page * page_size + offset.
- * q/out [batch, heads, head_dim]; page_table [batch, max_pages] (int64); kv_lens [batch] (int64).
+ * q/out [batch, heads, head_dim]; page_table [batch, max_pages] (int64); kv_lens [batch] (int64). A row may
+ * also attend over slots of its own after its first kv_len positions (extra_slots [batch, max_extra], extra_lens
+ * [batch], int64, or both NULL): a node of a speculative draft tree attends over its path, whose K/V sit at the
+ * storage slots of its ancestors (engine/spec/tree.py), not at the positions before it.
  * dtype (of q and out) and kv_dtype (of the caches): 0 = float32, 1 = bfloat16, 2 = float16; a float32 model
  * may keep a 16-bit cache. Returns 0, -1 for unsupported shapes, -2 out of memory. */
 #include <math.h>
@@ -93,7 +96,8 @@ typedef struct {
     const void *q, *k_cache, *v_cache;
     void *out;
     const int64_t *page_table, *kv_lens;
-    int num_heads, group, page_size, max_pages, dtype, kv_dtype;
+    const int64_t *extra_slots, *extra_lens; /* NULL, or per row: slots attended after its pages [batch, max_extra] */
+    int num_heads, group, page_size, max_pages, max_extra, dtype, kv_dtype;
     int64_t stride; /* elements between consecutive slots */
     float scale;
 } Args;
@@ -142,10 +146,20 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; denom[r] = 0.f; }
     const int64_t len = A->kv_lens[b];
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
-    for (int64_t start = 0; start < len; start += page_size) {
-        const int n = (int)((len - start) < page_size ? (len - start) : page_size);
-        const int64_t off = pages[start / page_size] * page_size * stride + (int64_t)kv0 * head_dim;
-        prefetch_ahead(A, pages, start, len, (int64_t)kv0 * head_dim, width * elem);
+    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0;
+    const int64_t num_pages = (len + page_size - 1) / page_size;
+    for (int64_t it = 0; it < num_pages + extra; it++) {
+        const int64_t start = it * page_size;
+        int n;
+        int64_t off;
+        if (it < num_pages) { /* a page of the sequence */
+            n = (int)((len - start) < page_size ? (len - start) : page_size);
+            off = pages[start / page_size] * page_size * stride + (int64_t)kv0 * head_dim;
+            prefetch_ahead(A, pages, start, len, (int64_t)kv0 * head_dim, width * elem);
+        } else { /* one of the row's own slots past them (a draft tree node's path) */
+            n = 1;
+            off = A->extra_slots[(int64_t)b * A->max_extra + it - num_pages] * stride + (int64_t)kv0 * head_dim;
+        }
         const float *kp, *vp;
         int64_t rs; /* row stride of kp/vp in floats */
         if (kv_dtype == 0) {
@@ -341,6 +355,10 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
             fast_block(A, qs, accs, dens, mx, row0 + t0 * stride, n - t0 < 16 ? n - t0 : 16, nkv, D, G,
                        pf_row < 0 ? -1 : pf_row + t0 * stride);
     }
+    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0; /* a draft tree node's path: a key each */
+    for (int64_t e = 0; e < extra; e++)
+        fast_block(A, qs, accs, dens, mx, A->extra_slots[b * A->max_extra + e] * stride + (int64_t)kv0 * D, 1, nkv,
+                   D, G, -1);
     for (int r = 0; r < rows; r++) {
         const float den = _mm512_reduce_add_ps(_mm512_loadu_ps(dens + r * 16));
         store_row(A, (qrow + r) * D, accs + (int64_t)r * D, den > 0.f ? 1.f / den : 0.f, D);
@@ -382,14 +400,16 @@ int splitserve_decode_supported(int head_dim, int num_heads, int num_kv_heads, i
 }
 
 int splitserve_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
-                                const int64_t *page_table, const int64_t *kv_lens, int batch, int num_heads,
-                                int num_kv_heads, int head_dim, int page_size, int max_pages, float scale,
-                                int dtype, int kv_dtype, int num_threads, int generic_only) {
+                                const int64_t *page_table, const int64_t *kv_lens, const int64_t *extra_slots,
+                                const int64_t *extra_lens, int batch, int num_heads, int num_kv_heads, int head_dim,
+                                int page_size, int max_pages, int max_extra, float scale, int dtype, int kv_dtype,
+                                int num_threads, int generic_only) {
     if (!splitserve_decode_supported(head_dim, num_heads, num_kv_heads, page_size) || dtype < 0 || dtype > 2 ||
         kv_dtype < 0 || kv_dtype > 2)
         return -1;
-    const Args A = {q, k_cache, v_cache, out, page_table, kv_lens, num_heads, num_heads / num_kv_heads,
-                    page_size, max_pages, dtype, kv_dtype, (int64_t)num_kv_heads * head_dim, scale};
+    const Args A = {q, k_cache, v_cache, out, page_table, kv_lens, extra_slots, extra_lens, num_heads,
+                    num_heads / num_kv_heads, page_size, max_pages, max_extra, dtype, kv_dtype,
+                    (int64_t)num_kv_heads * head_dim, scale};
     /* Enough sequences to share out: one task per sequence (its pages read as whole rows); otherwise split
      * each sequence's kv heads into tasks of `per` heads, so small batches still keep every thread busy. */
     const int group = num_heads / num_kv_heads;

@@ -21,7 +21,7 @@ def decode_kernel() -> ctypes.CDLL | None:
     if lib is not None:
         fn = lib.splitserve_decode_attention
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 4
+        fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 7 + [ctypes.c_float] + [ctypes.c_int] * 4
         lib.splitserve_decode_supported.restype = ctypes.c_int
         lib.splitserve_decode_supported.argtypes = [ctypes.c_int] * 4
     return lib
@@ -35,16 +35,21 @@ def decode_supported(lib: ctypes.CDLL, head_dim: int, num_heads: int, num_kv_hea
 
 def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, kv_lens: torch.Tensor, page_size: int, scale: float,
-                     generic: bool = False) -> torch.Tensor:
+                     generic: bool = False, extra_slots: torch.Tensor | None = None,
+                     extra_lens: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, D] contiguous; caches [slots, KVH, D] (their dtype may differ from q's: a float32 model with a
-    16-bit cache); page_table [B, max_pages] int64 -> out [B, H, D] in q's dtype. ``generic`` skips the
-    AVX-512 body (tests compare both)."""
+    16-bit cache); page_table [B, max_pages] int64 -> out [B, H, D] in q's dtype. Row b attends over its first
+    ``kv_lens[b]`` positions, then, when given, over ``extra_slots[b, :extra_lens[b]]`` (int64; a draft tree
+    node's path). ``generic`` skips the AVX-512 body (tests compare both)."""
     out = torch.empty_like(q)
     b, h, d = q.shape
+    has_extra = extra_slots is not None and extra_lens is not None
     rc = lib.splitserve_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), page_table.data_ptr(),
-        kv_lens.data_ptr(), b, h, k_cache.shape[1], d, page_size, page_table.shape[1], scale,
-        _DTYPE_CODES[q.dtype], _DTYPE_CODES[k_cache.dtype], torch.get_num_threads(), int(generic))
+        kv_lens.data_ptr(), extra_slots.data_ptr() if has_extra else None,
+        extra_lens.data_ptr() if has_extra else None, b, h, k_cache.shape[1], d, page_size, page_table.shape[1],
+        extra_slots.shape[1] if has_extra else 0, scale, _DTYPE_CODES[q.dtype], _DTYPE_CODES[k_cache.dtype],
+        torch.get_num_threads(), int(generic))
     if rc == -2:
         raise MemoryError("CPU decode kernel could not allocate its per-thread scratch")
     if rc != 0:

@@ -47,6 +47,11 @@ class TorchAttentionBackend(AttentionBackend):
             width = int(meta.decode_kv_lens.max())
             self._decode_slots = slots[:, :width]
             valid = torch.arange(width, device=device).unsqueeze(0) < meta.decode_kv_lens.unsqueeze(1)
+            if meta.decode_extra_slots is not None and meta.decode_extra_lens is not None:  # draft tree paths
+                extra = meta.decode_extra_slots
+                self._decode_slots = torch.cat([self._decode_slots, extra], dim=1)
+                valid = torch.cat([valid, torch.arange(extra.shape[1], device=device).unsqueeze(0)
+                                   < meta.decode_extra_lens.unsqueeze(1)], dim=1)
             self._decode_mask = valid[:, None, None, :]  # [B, 1, 1, L]
         self._extend = []
         self._prefill_args = None
@@ -83,7 +88,8 @@ class TorchAttentionBackend(AttentionBackend):
         nd = meta.num_decode
         if nd and self._native is not None:
             out[:nd] = decode_attention(self._native, q[:nd].contiguous(), k_cache, v_cache, meta.decode_page_table,
-                                        meta.decode_kv_lens, self.page_size, self.scale)
+                                        meta.decode_kv_lens, self.page_size, self.scale,
+                                        extra_slots=meta.decode_extra_slots, extra_lens=meta.decode_extra_lens)
         elif nd:
             qd = q[:nd].unsqueeze(2)  # [B, H, 1, D]
             kd = k_cache[self._decode_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
