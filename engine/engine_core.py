@@ -35,6 +35,7 @@ from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.spec import Drafter, Speculator, create_drafter, draft_rows, measure_prior, split_rows
+from engine.spec.tree import moves
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -310,12 +311,12 @@ class EngineCore:
             tokens, logprobs = (sample(logits, rows, self.generator, errors, mask.apply if mask else None)
                                 if rows else ([], []))
         verified = split_rows(order, tokens, logprobs, errors, self.spec)
-        new, lps, drafts, moves, failed = verified[:5]
+        new, lps, drafts, failed = verified[:4]
         if fwd.hidden is not None and fwd.first_rows is not None and self.spec is not None:
             self.spec.observe_hidden(batch.seqs, fwd.hidden, fwd.first_rows, verified)
         for seq in order:  # an accepted tree path's K/V goes where a chain's would be, before anything reads it
-            if seq.req in moves:
-                self.runner.settle_draft(seq, moves[seq.req])
+            if seq.parents and seq.req in verified.nodes and (shift := moves(verified.nodes[seq.req])):
+                self.runner.settle_draft(seq, shift)
         for req in [r for r in new if r.grammar is not None and not r.finished]:
             try:  # a grammar that completes inside a verified run ends the run there
                 new[req] = new[req][:req.grammar.accept_run(new[req])]

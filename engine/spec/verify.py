@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler.batch import ScheduledSeq
-from engine.spec.tree import moves, path, walk
+from engine.spec.tree import path, walk
 
 if TYPE_CHECKING:
     from engine.sampler import TokenLogprob
@@ -57,13 +57,12 @@ def accepted(draft: tuple[int, ...], sampled: list[int], parents: tuple[int, ...
 
 class Verified(NamedTuple):
     """A step's sampled rows, per request: the tokens it emits (a drafted one's verified run), their logprobs,
-    (drafted, accepted) for drafted ones, the accepted tree nodes whose K/V must move (tree.moves), and the
-    requests whose rows failed (each with its error), which emit nothing."""
+    (drafted, accepted) for drafted ones, the requests whose rows failed (each with its error; they emit
+    nothing), and a drafted request's accepted nodes (a tree's K/V moves by them, tree.moves)."""
 
     new: dict[Request, list[int]]
     logprobs: dict[Request, list[TokenLogprob]]
     drafts: dict[Request, tuple[int, int]]
-    moves: dict[Request, list[tuple[int, int]]]
     failed: list[tuple[Request, Exception]]
     nodes: dict[Request, list[int]]  # a drafted request's accepted draft nodes, in path order
 
@@ -72,7 +71,7 @@ def split_rows(order: list[ScheduledSeq], tokens: list[int], logprobs: list[Toke
                errors: dict[int, Exception], spec: Speculator | None) -> Verified:
     """From a step's sampled rows (``order``: the sampled sequences, 1 + len(draft) rows each) to what each
     request emits."""
-    out = Verified({}, {}, {}, {}, [], {})
+    out = Verified({}, {}, {}, [], {})
     at = 0
     for seq in order:
         req, span = seq.req, range(at, at + 1 + len(seq.draft))
@@ -90,8 +89,6 @@ def split_rows(order: list[ScheduledSeq], tokens: list[int], logprobs: list[Toke
         if seq.draft:
             out.nodes[req] = nodes
             out.drafts[req] = (len(seq.draft), len(run) - 1)
-            if seq.parents and moves(nodes):
-                out.moves[req] = moves(nodes)
     return out
 
 
