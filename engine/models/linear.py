@@ -20,7 +20,14 @@ packs the whole weight per call. Which row counts it takes is measured when the 
 against ``F.linear``), because the answer depends on the host: on an AMD EPYC (AVX-512) the kernel was 1.6-2.8x
 faster than MKL even for one row, and with its tiles 1.5-2x from 17 to 64 rows on a Zen 5 host; an earlier
 host's MKL was as fast for 1-3 rows. The answer is measured once per host and shared by every process on it
-(``row_calibration``)."""
+(``row_calibration``).
+
+The row counts the kernel does not take (prefill chunks, large decode batches) go to oneDNN's GEMM on the dense
+weight where it beats MKL's behind ``F.linear`` here (``onednn_beats_mkl``, timed at BIG_ROWS rows once per host):
+oneDNN reorders the weight per call, which at these row counts costs little next to the arithmetic, and needs no
+second copy of the weights. On a Zen 5 host (2 cores) it ran SmolLM2's 3072 x 576 layer at 1,024 rows in 8.4 ms
+against MKL's 18.7 (429 against 194 GFLOP/s); a packed copy was only 13% faster still (7.4 ms) and would double
+the float32 weights' memory."""
 from __future__ import annotations
 
 import ctypes
@@ -148,10 +155,10 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> tuple[ctypes.CDLL, frozen
     return (lib, rows) if rows else None
 
 
-# row counts timed at load: each one up to 32, then samples that stand for the counts since the one before. The
-# kernel takes up to MAX_ROWS and beat MKL up to 200 rows on a Zen 5 host (1.5x), but above 64 rows it also
-# takes prefill-sized steps, whose K/V then move SmolLM2's logits from transformers' (MKL's) by 9.9e-5 against
-# 7.0e-5, at the edge of tests/real_model's 1e-4: calibration stops at 64, a batch-64 decode step.
+# row counts timed at load: each one up to 32, then samples that stand for the counts since the one before, up to
+# a batch-64 decode step. The kernel takes up to MAX_ROWS and beat MKL up to 200 rows on a Zen 5 host (1.5x), but
+# oneDNN beat it from ~30 rows there (SmolLM2's 30 layers and LM head at 64 rows: 53.5 ms, the kernel 62.4, MKL
+# 114.3) and takes the counts past 64, where prefill chunks start.
 CALIBRATE_ROWS = (*range(1, 33), 40, 48, 56, 64)
 MAX_ROWS = 256
 CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
@@ -169,6 +176,29 @@ def few_rows_kernel() -> ctypes.CDLL | None:
     return lib
 
 
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` through oneDNN's GEMM on a dense float32 weight (reordered per call)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+BIG_ROWS = 512  # a prefill chunk's rows, where MKL and oneDNN are compared
+
+
+def onednn_beats_mkl(weight: torch.Tensor, reps: int = 3, passes: int = 3) -> bool:
+    """Whether oneDNN's GEMM on the dense ``weight`` is faster than ``F.linear`` (MKL) at BIG_ROWS rows here:
+    the median over ``passes`` of each one's best of ``reps``, once per host (``row_calibration``)."""
+    if not can_prepack(weight.device, torch.float32):
+        return False
+
+    def measure() -> frozenset[int]:
+        x = torch.randn(BIG_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            saved = [_best(lambda: F.linear(x, weight), reps) - _best(lambda: onednn_linear(x, weight, None), reps)
+                     for _ in range(passes)]
+        return frozenset({BIG_ROWS}) if statistics.median(saved) > 0 else frozenset()
+    return bool(row_calibration.cached_rows(row_calibration.key(tuple(weight.shape), "onednn-dense-vs-mkl"), measure))
+
+
 def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for float32 CPU tensors of at most MAX_ROWS rows (weight contiguous)."""
     x = x.contiguous()
@@ -183,11 +213,12 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
 
 class FewRowsLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
-    ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``. ``tied``: the weight
-    belongs to another module (the embeddings), so it is held outside this module's state_dict."""
+    ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``, or through oneDNN with
+    ``onednn``. ``tied``: the weight belongs to another module (the embeddings), so it is held outside this
+    module's state_dict."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
-                 rows: frozenset[int] = DEFAULT_ROWS) -> None:
+                 rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -197,11 +228,15 @@ class FewRowsLinear(nn.Linear):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._lib = lib
         self.rows = rows
+        self.onednn = onednn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 2 and x.shape[0] in self.rows and x.shape[1] == self.in_features and x.dtype == torch.float32
+        if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == torch.float32
                 and self.weight.is_contiguous()):
-            return few_rows_gemm(self._lib, x, self.weight, self.bias)
+            if x.shape[0] in self.rows:
+                return few_rows_gemm(self._lib, x, self.weight, self.bias)
+            if self.onednn:
+                return onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -216,22 +251,26 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     if not targets:
         return 0
     widest = _widest([mod.weight for _, mod in targets])
-    # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default
-    # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape
+    # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default and MKL
+    big = widest.numel() >= CALIBRATE_MIN and onednn_beats_mkl(widest)
+    # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape. Against
+    # MKL even where oneDNN takes the other counts: oneDNN beat the kernel from ~30 rows on a Zen 5 host, but its
+    # result for a row depends on how many rows came with it (its blocking follows the row count), and the
+    # kernel's does not, so a decoding request's tokens do not depend on its batch (retraction, speculation)
     rows = (row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), Path(lib._name).stem),
                                         lambda: calibrate_rows(lib, widest))
             if widest.numel() >= CALIBRATE_MIN else DEFAULT_ROWS)
-    log.info("few-rows kernel for %s rows (%s on a %d x %d weight)", _ranges(rows) or "no",
-             "timed against F.linear on this host" if rows is not DEFAULT_ROWS else "the default: too small to time",
-             widest.shape[0], widest.shape[1])
-    if not rows:
+    log.info("few-rows kernel for %s rows (%s on a %d x %d weight), %s for the others", _ranges(rows) or "no",
+             "timed on this host" if rows is not DEFAULT_ROWS else "the default: too small to time",
+             widest.shape[0], widest.shape[1], "oneDNN" if big else "F.linear (MKL)")
+    if not rows and not big:
         return 0
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows))
+        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big))
     if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
-        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows)
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big)
         targets.append(("lm_head", model.lm_head))
     return len(targets)
 

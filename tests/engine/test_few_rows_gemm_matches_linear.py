@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import row_calibration
-from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, few_rows_gemm,
-                                  few_rows_kernel)
+from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack, few_rows_gemm,
+                                  few_rows_kernel, onednn_linear, use_few_rows_kernel)
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -49,6 +49,27 @@ def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path,
     assert not any(isinstance(m, FewRowsLinear) for m in plain.model.modules())
     if core.arch.tie_word_embeddings:
         assert core.model.lm_head.weight.data_ptr() == core.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.skipif(not can_prepack(torch.device("cpu"), torch.float32), reason="no oneDNN float32 GEMM here")
+@pytest.mark.parametrize("onednn_won", [True, False])
+def test_the_rows_it_does_not_take_go_to_onednn_where_onednn_beat_mkl_here(monkeypatch: pytest.MonkeyPatch,
+                                                                            onednn_won: bool) -> None:
+    # the host's two answers pinned (which GEMM wins varies by host): the kernel for 1-8 rows, oneDNN or MKL after
+    answers = {"onednn-dense-vs-mkl": frozenset({512}) if onednn_won else frozenset(), "": frozenset(range(1, 9))}
+    monkeypatch.setattr(row_calibration, "cached_rows",
+                        lambda key, measure, file=None: next(v for k, v in answers.items() if k in key))
+    g = torch.Generator().manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024))  # large enough to be timed (CALIBRATE_MIN)
+    assert use_few_rows_kernel(model) == 1
+    layer = model[0]
+    assert isinstance(layer, FewRowsLinear) and layer.onednn == onednn_won and layer.rows == frozenset(range(1, 9))
+    for m in (1, 8, 9, 100, 600):
+        x = torch.randn(m, 1024, generator=g)
+        got = layer(x)
+        assert torch.allclose(got, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4), m
+        if m > 8:  # bit for bit the GEMM chosen
+            assert torch.equal(got, (onednn_linear if onednn_won else F.linear)(x, layer.weight, layer.bias)), m
 
 
 def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:

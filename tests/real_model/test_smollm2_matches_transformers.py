@@ -1,6 +1,6 @@
 """On the real model, SmolLM2-135M-Instruct from its Q4_1 GGUF, our engine equals transformers loading the same
 file (``gguf_file=``): the tokenizer encodes alike, the chat template renders alike, float32 logits agree within
-1e-4 over a mixed batch, and greedy output is token-identical to ``generate`` for 64 tokens, including prompts
+3e-4 over a mixed batch, and greedy output is token-identical to ``generate`` for 64 tokens, including prompts
 whose prefix comes from the radix cache and prompts split by chunked prefill (64-token chunks). bfloat16 weights
 load too and agree with float32 on the first tokens of every prompt."""
 from __future__ import annotations
@@ -14,7 +14,10 @@ from engine.tokenizer import Tokenizer
 from tests.engine.conftest import make_core
 from tests.helpers import check_against_reference, record_logits
 
-TOL = 1e-4
+# float32 logits (magnitudes ~20) after 30 layers whose GEMMs sum in another order than transformers' MKL does:
+# the few-rows kernel (decode) moved them by up to 7e-5 and oneDNN (prefill chunks, where it beats MKL on the host)
+# by 1.5e-4 on a Zen 5 host (the greedy tokens stay identical, checked below)
+TOL = 3e-4
 NEW_TOKENS = 64
 TEXTS = [
     "Hello",
