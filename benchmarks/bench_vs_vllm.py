@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Process, machine, model_config, model_dir, table, write_json
+from benchmarks.common import Process, machine, model_config, model_dir, process_tree, table, write_json
 from benchmarks.export_checkpoint import export
 from deploy.process import pss_bytes
 
@@ -85,19 +85,7 @@ def server(engine: str, args: argparse.Namespace, dtype: str) -> Process:
 
 def tree_memory_mb(pid: int) -> float:
     """Memory of a process and all its descendants (Linux /proc): the sum of their PSS."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo, total = [pid], 0
-    while todo:
-        p = todo.pop()
-        total += pss_bytes(p)
-        todo += children.get(p, [])
-    return total / 2**20
+    return sum(pss_bytes(p) for p in process_tree(pid)) / 2**20
 
 
 def client(args: argparse.Namespace, url: str, prompts: int, in_len: int, out_len: int,
