@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.process import free_ports
+from deploy.process import free_ports, process_tree, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -55,30 +54,9 @@ def wait_http(url: str, timeout: float = 60.0, method: str = "GET", body: bytes 
     raise RuntimeError(f"{url} not answering 200 within {timeout}s")
 
 
-def proc_tree(pid: int) -> list[int]:
-    out, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        out.append(p)
-        for t in Path(f"/proc/{p}/task").glob("*/children"):
-            stack.extend(int(c) for c in t.read_text().split())
-    return out
-
-
-def cpu_secs(pid: int) -> float:
-    total = 0
-    for p in proc_tree(pid):
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
-        except (OSError, IndexError):
-            pass
-    return total / TICK
-
-
 def rss_mib(pid: int) -> float:
     kb = 0
-    for p in proc_tree(pid):
+    for p in process_tree(pid):
         m = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{p}/status").read_text()) if Path(f"/proc/{p}/status").exists() else None
         kb += int(m.group(1)) if m else 0
     return kb / 1024
@@ -91,7 +69,7 @@ class Server:
     url: str
 
     def stop(self) -> None:
-        for p in reversed(proc_tree(self.popen.pid)):
+        for p in reversed(process_tree(self.popen.pid)):
             try:
                 os.kill(p, signal.SIGTERM)
             except ProcessLookupError:
@@ -159,10 +137,10 @@ def throughput(kind: str, url: str, pid: int | None, args: argparse.Namespace, t
     rows: dict[str, Any] = {}
     for path, body in (("/generate", gen), ("/v1/completions", cmpl)):
         for c in args.concurrency:
-            before = cpu_secs(pid) if pid else 0.0
+            before = tree_cpu_seconds(pid) if pid else 0.0
             r = wrk(f"{url}{path}", body, c, args.duration, tmp)
             if pid and r["requests"]:
-                r["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / r["requests"]
+                r["cpu_us_per_req"] = (tree_cpu_seconds(pid) - before) * 1e6 / r["requests"]
             rows[f"{path} c={c}"] = r
             print(f"  {kind:14s} {path:16s} c={c:<4d} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
                   f"  non2xx {r['non2xx']:.0f}", flush=True)
@@ -172,11 +150,11 @@ def throughput(kind: str, url: str, pid: int | None, args: argparse.Namespace, t
     # router mostly coalesces the events and it shows in the tail).
     for label, gap, conns in (("stream c=1", 0, 1), ("stream+gaps c=1", 200, 1),
                               ("stream c=32", 0, 32), ("stream+gaps c=32", 200, 32)):
-        before = cpu_secs(pid) if pid else 0.0
+        before = tree_cpu_seconds(pid) if pid else 0.0
         body = {**gen, "text": f"[gap_us={gap}] " + gen["text"], "stream": True}
         s = wrk(f"{url}/generate", body, conns, args.duration, tmp)
         if pid and s["requests"]:
-            s["cpu_us_per_req"] = (cpu_secs(pid) - before) * 1e6 / s["requests"]
+            s["cpu_us_per_req"] = (tree_cpu_seconds(pid) - before) * 1e6 / s["requests"]
         rows[label] = s
         print(f"  {kind:14s} {label:22s} {s['rps']:9.0f} req/s  p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms", flush=True)
     if pid:

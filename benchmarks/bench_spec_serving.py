@@ -1,5 +1,6 @@
 """Speculative decoding through servers, against vLLM's CPU build in the same run: our server and vLLM's, each
-with speculation off and with n-gram speculation (4 draft tokens, n-grams of 4 down to 2), on the same SmolLM2
+with speculation off and with n-gram speculation (4 draft tokens; ours its defaults: a tree of up to 3 branches,
+n-grams of 4 down to 1; vLLM's one chain, n-grams of 4 down to 2), on the same SmolLM2
 weights, driven by the same streaming client. One engine's two servers are up at a time (ours, then vLLM's), and
 every repeat measures them in a rotated order, so slow phases of a noisy host fall on both; the CPU the idle one
 used meanwhile is reported (``*_idle_cpu``: its CPU seconds over the measurement's seconds, the largest of the
@@ -33,7 +34,8 @@ import httpx
 
 from benchmarks.bench_spec import copy_tasks
 from benchmarks.bench_vs_vllm import vllm_env
-from benchmarks.common import Process, machine, model_dir, table, tree_cpu_seconds, write_json
+from benchmarks.common import Process, machine, model_dir, table, write_json
+from deploy.process import tree_cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "smollm2"

@@ -35,9 +35,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Process, machine, model_config, model_dir, process_tree, table, write_json
+from benchmarks.common import Process, machine, model_config, model_dir, table, write_json
 from benchmarks.export_checkpoint import export
-from deploy.process import pss_bytes
+from deploy.process import process_tree, pss_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "bench-model"

@@ -182,34 +182,6 @@ class Process:
                 p.stop()
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (Linux /proc; none that exited)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo, tree = [pid], []
-    while todo:
-        tree.append(p := todo.pop())
-        todo += children.get(p, [])
-    return tree
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) used so far by ``pid`` and its descendants that are still running."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def metric_total(url: str, name: str) -> float:
     """Sum of a Prometheus metric's samples over all label sets (0 when absent)."""
     import httpx

@@ -150,6 +150,34 @@ def pss_bytes(pid: int) -> int:
     return _proc_kib(pid, "smaps_rollup", "Pss:")
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, parents before their children (Linux /proc; none that exited)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        tree.append(p := todo.pop())
+        todo += children.get(p, [])
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by ``pid`` and its descendants that are still running."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

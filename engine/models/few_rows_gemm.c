@@ -5,10 +5,9 @@
  * 2-3x the single-row time (measured on SmolLM2's shapes: the 49152 x 576 LM head took 3.2 ms for 1 row and
  * 9.3 ms for 5); on AMD hosts its float32 GEMM stays at ~190 GFLOP/s for any size, where oneDNN's reaches 440.
  * Here every weight row is read once from memory and the x rows stay in L1/L2. Measured on SmolLM2's shapes
- * (2 threads, AVX-512): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20; with the tiles below
- * (before them, slower from 24 rows) 1.5-2x from 17 to 200 rows on a Zen 5 host (30 layers' shapes, ad hoc
- * harness; 64 rows 57.7 ms against MKL's 113). engine/models/linear.py measures at load which row counts
- * come here.
+ * (2 threads, AVX-512): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20; with the tiles below,
+ * 1.5-2x from 17 to 200 rows on a Zen 5 host (30 layers' shapes, ad hoc harness; 64 rows 57.7 ms against MKL's
+ * 113, before the prefetching below). engine/models/linear.py measures at load which row counts come here.
  *
  * Up to ROWDOT_ROWS x rows, each weight row is read once and dotted with every x row, one accumulator per x row
  * in registers (16 lanes at a time with GCC vector extensions: AVX-512 where the compiler targets it, two AVX2

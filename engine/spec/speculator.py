@@ -223,7 +223,8 @@ class Speculator:
     @staticmethod
     def _allowed(req: Request, tree: DraftTree) -> list[int]:
         """The nodes whose paths the request's grammar allows (a chain in one check, a tree one per leaf)."""
-        leaves = [i for i in range(len(tree)) if i not in set(tree.parents)]
+        inner = set(tree.parents)
+        leaves = [i for i in range(len(tree)) if i not in inner]
         allowed: set[int] = set()
         for leaf in leaves:
             nodes = path(tree.parents, leaf)
