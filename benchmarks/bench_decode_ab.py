@@ -5,12 +5,15 @@ one builds one engine per variant in the same process, brings each to a full bat
 prompts), then steps them alternately and reports each one's median decode step, so slow and fast phases of
 the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
 generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's, alternating) on every layer's
-pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only).
+pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only). ``--gemm-base REV`` adds
+an engine of the first variant whose float32 linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c,
+with the row counts it calibrates to on this host), stepped alternately with the others.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
     python -m benchmarks.bench_decode_ab --kernel
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
+    python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from benchmarks.common import BENCH_MODELS, machine, model_dir, table, write_jso
 from engine import native
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
+from engine.models import linear
 from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
 from engine.sampling_params import SamplingParams
 
@@ -67,8 +71,21 @@ def decode_engine(model: str, dtype: str, threads: int, batch: int, context: int
 
 def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     variants = [parse_variant(v) for v in args.variant] or [{}]
+    names = args.variant or ["default"]
     cores = [decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v)
              for v in variants]
+    if args.gemm_base:
+        base_lib = source_at(args.gemm_base, "engine/models/few_rows_gemm.c")
+        base_lib.splitserve_few_rows_gemm.restype = ctypes.c_int
+        base_lib.splitserve_few_rows_gemm.argtypes = linear.few_rows_kernel().splitserve_few_rows_gemm.argtypes
+        current = linear.few_rows_kernel
+        linear.few_rows_kernel = lambda: base_lib  # the engine built now loads REV's kernel
+        try:
+            cores.append(decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps,
+                                       variants[0]))
+        finally:
+            linear.few_rows_kernel = current
+        names.append(f"{names[0]} with {args.gemm_base}'s few-rows GEMM")
     times: list[list[float]] = [[] for _ in cores]
     for _ in range(args.steps):
         for i, core in enumerate(cores):
@@ -76,22 +93,29 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
             core.step()
             times[i].append(time.perf_counter() - start)
     base = statistics.median(times[0])
-    return [{"variant": args.variant[i] if args.variant else "default", "median_step_ms": 1e3 * statistics.median(t),
+    return [{"variant": names[i], "median_step_ms": 1e3 * statistics.median(t),
              "p25_step_ms": 1e3 * statistics.quantiles(t, n=4)[0], "tok_s": args.batch / statistics.median(t),
              "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
 
 
-def kernel_at(rev: str) -> ctypes.CDLL:
-    """The decode kernel as it was at git revision ``rev`` (compiled like the current one), for an A/B."""
-    source = Path(__file__).resolve().parent.parent / "engine/runner/attention/cpu_decode.c"
+def source_at(rev: str, path: str) -> ctypes.CDLL:
+    """The native library of ``path`` (a C source of this repository) as it was at git revision ``rev``, compiled
+    like the current one, for an A/B."""
+    source = Path(__file__).resolve().parent.parent / path
     text = subprocess.run(["git", "-C", str(source.parent), "show", f"{rev}:./{source.name}"], check=True,
                           capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as tmp:  # the compiled library lands in native's cache, not here
-        copy = Path(tmp) / f"cpu_decode_{rev.replace('/', '_')}.c"
+        copy = Path(tmp) / f"{source.stem}_{rev.replace('/', '_').replace('~', '_')}.c"
         copy.write_text(text)
         lib = native.load(copy)
     if lib is None:
-        raise SystemExit("no C compiler: the native decode kernel is unavailable")
+        raise SystemExit(f"no C compiler: {source.name} cannot be built")
+    return lib
+
+
+def kernel_at(rev: str) -> ctypes.CDLL:
+    """The decode kernel as it was at git revision ``rev``."""
+    lib = source_at(rev, "engine/runner/attention/cpu_decode.c")
     fn = lib.splitserve_decode_attention
     fn.restype, fn.argtypes = ctypes.c_int, decode_kernel().splitserve_decode_attention.argtypes
     return lib
@@ -157,6 +181,8 @@ def main() -> None:
                     help="--kernel: time this tree's kernel against the one at git revision REV, alternating")
     ap.add_argument("--kernel-shape", default="150m", choices=("150m", "smollm2"),
                     help="--kernel: the attention shapes and layer count timed")
+    ap.add_argument("--gemm-base", default=None, metavar="REV",
+                    help="also step an engine whose few-rows GEMM is REV's (alternating with the others)")
     ap.add_argument("--kernel-repeats", type=int, default=5, help="--kernel: samples per body and table")
     ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))

@@ -17,19 +17,23 @@
  * of its rows during each tile, so the memory stream keeps going while the cores compute: without it the time of
  * a step was the sum of its compute and its weight reads, not the larger of the two (2 threads, Zen 5, SmolLM2's
  * 30 layers and LM head, interleaved in one C harness: 8 rows 23.2 -> 13.9 ms, 12 rows 34.0 -> 17.0, 20 rows
- * 29.9 -> 19.7, 64 rows 60.4 -> 53.4, against 10.5 ms for 1 row; at 1-5 rows the row-by-row loop stays faster:
- * 1 row 10.5 against 14.1 as tiles). Every output is summed in the same order whatever the row count (16 lanes
- * along K, the same halving tree, the tail scalar), so a row's result does not depend on its batch. Parallel over
- * blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
+ * 29.9 -> 19.7, 64 rows 60.4 -> 53.4, against 10.5 ms for 1 row). Up to 11 rows the row-by-row loop is faster
+ * still, once it prefetches its weight stream 8 KiB ahead: the hardware prefetcher alone left its loads waiting
+ * as soon as the loop did more than one row's arithmetic per weight line (same harness, row-by-row up to 5 rows
+ * and tiles above before, alternating: 1 row 8.2 -> 6.9 ms, 5 rows 11.8 -> 8.8, 8 rows 17.6 -> 13.3, 11 rows
+ * 20.0 -> 17.6; 12-64 rows level, tiles both). Every output is summed in the same order whatever the row count
+ * (16 lanes along K, the same halving tree, the tail scalar), so a row's result does not depend on its batch.
+ * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
 #define MAX_ROWS 256 /* linear.py's MAX_ROWS */
-#define ROWDOT_ROWS 5 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define ROWDOT_ROWS 11 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define PREFETCH_AHEAD 2048 /* floats (8 KiB) of the weight stream prefetched ahead of the row-by-row loop */
 #define TILE_X 6 /* x rows per tile against 4 weight rows: 24 accumulators */
 
 /* ROWS x rows (a constant after inlining) against one weight row, read once, front to back (one stream per
- * thread), the ROWS accumulators in registers. At these row counts the weight reads bound the time: one stream
- * and no prefetching measured faster than tiles (1 row 10.5 against 14.1 ms, 5 rows 13.3 against 13.8). */
+ * thread, prefetched PREFETCH_AHEAD floats ahead: 1,024 and 4,096 measured slower), the ROWS accumulators in
+ * registers (x rows from L1/L2). At these row counts the weight reads bound the time. */
 static inline __attribute__((always_inline)) void row_dot(const float *x, int k_dim, const int rows,
                                                           const float *w, float bias, float *y, int n_total) {
     v16 acc[ROWDOT_ROWS];
@@ -37,6 +41,7 @@ static inline __attribute__((always_inline)) void row_dot(const float *x, int k_
     const int kv = k_dim & ~15;
     for (int k = 0; k < kv; k += 16) {
         const v16 wv = load16f(w + k);
+        __builtin_prefetch(w + k + PREFETCH_AHEAD, 0, 0); /* past the row: the block's next rows, contiguous */
         for (int i = 0; i < rows; i++) acc[i] += load16f(x + (int64_t)i * k_dim + k) * wv;
     }
     for (int i = 0; i < rows; i++) {
@@ -92,9 +97,21 @@ static inline void tile(const float *x, int k, int rows, const float *w, int wr,
     }
 }
 
+/* m (<= ROWDOT_ROWS) x rows against nb weight rows, one at a time. The tiles' loop is sensitive to where it lands:
+ * with these eleven unrolled loops inlined into block(), GCC compiled it 1.2-1.3x slower (12-16 rows), and placed
+ * after them it ran 3-8% slower at 24-32 rows (the same instructions); so this comes after tile() and neither is
+ * inlined into block(). */
+static __attribute__((noinline)) void row_block(const float *x, const float *wb, const float *bb, float *yb, int m,
+                                                int n, int k, int nb) {
+    switch (m) { /* a constant row count, so each loop is fully unrolled */
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11)
+    }
+}
+
 /* all m rows against weight rows [n0, n0 + nb) */
-static void block(const float *x, const float *w, const float *bias, float *y, int m, int n, int k, int n0,
-                  int nb) {
+static __attribute__((noinline)) void block(const float *x, const float *w, const float *bias, float *y, int m,
+                                             int n, int k, int n0, int nb) {
     const float *wb = w + (int64_t)n0 * k, *bb = bias ? bias + n0 : 0;
     float *yb = y + n0;
     if (m > ROWDOT_ROWS) { /* 4 weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
@@ -112,9 +129,7 @@ static void block(const float *x, const float *w, const float *bias, float *y, i
         }
         return;
     }
-    switch (m) { /* a constant row count, so each loop is fully unrolled */
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5)
-    }
+    row_block(x, wb, bb, yb, m, n, k, nb);
 }
 
 #define BLOCK_ROWS 16 /* weight rows per parallel task: each x-row tile pass re-reads them from L1 */
