@@ -17,6 +17,23 @@ static inline v16 load16f(const float *p) {
 
 static inline void store16f(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
+/* a bfloat16's value */
+static inline float bf16_to_f32(uint16_t v) {
+    const uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* float32 to bfloat16, rounded to nearest even as c10::BFloat16 does; NaN stays a (quiet) NaN */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 /* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
 static inline float hsum16(v16 v) {
     v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});

@@ -145,3 +145,79 @@ int splitserve_few_rows_gemm(const float *x, const float *w, const float *bias, 
     }
     return 0;
 }
+
+/* The same for bfloat16 x, weight, bias and y, up to ROWDOT_ROWS rows (more return -1: oneDNN's packed GEMM
+ * takes them), row by row with the weight stream prefetched: float32 sums, the result rounded to bfloat16 to
+ * nearest even. With AVX-512 BF16, pairs of products in one instruction (VDPBF16PS, 32 elements a step, as
+ * oneDNN's bfloat16 GEMM computes them); elsewhere the bfloat16 values widened to float32 and multiplied-added.
+ * Either way each output's order of operations is fixed, so a row's result does not depend on its batch. */
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define BF16_STEP 32
+typedef __m512 acc_bf16;
+static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(w));
+}
+static inline float acc_sum(acc_bf16 acc) { return hsum16((v16)acc); }
+#else
+#define BF16_STEP 16
+typedef v16 acc_bf16;
+typedef uint32_t v16u_bf __attribute__((vector_size(64)));
+typedef uint16_t h16u_bf __attribute__((vector_size(32)));
+static inline v16 widen16(const uint16_t *p) {
+    h16u_bf h;
+    memcpy(&h, p, sizeof h);
+    return (v16)(__builtin_convertvector(h, v16u_bf) << 16);
+}
+static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
+    return acc + widen16(x) * widen16(w);
+}
+static inline float acc_sum(acc_bf16 acc) { return hsum16(acc); }
+#endif
+
+static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *x, int k_dim, const int rows,
+                                                               const uint16_t *w, const uint16_t *bias,
+                                                               uint16_t *y, int n_total) {
+    acc_bf16 acc[ROWDOT_ROWS];
+    for (int i = 0; i < rows; i++) memset(&acc[i], 0, sizeof acc[i]);
+    const int kv = k_dim - k_dim % BF16_STEP;
+    for (int k = 0; k < kv; k += BF16_STEP) {
+        __builtin_prefetch(w + k + 2 * PREFETCH_AHEAD, 0, 0); /* the same 8 KiB ahead */
+        for (int i = 0; i < rows; i++) acc[i] = dot_step(acc[i], x + (int64_t)i * k_dim + k, w + k);
+    }
+    for (int i = 0; i < rows; i++) {
+        float s = acc_sum(acc[i]);
+        const uint16_t *xr = x + (int64_t)i * k_dim;
+        for (int k = kv; k < k_dim; k++) s += bf16_to_f32(xr[k]) * bf16_to_f32(w[k]);
+        y[(int64_t)i * n_total] = f32_to_bf16(s + (bias ? bf16_to_f32(*bias) : 0.0f));
+    }
+}
+
+#define ROWS_CASE_BF16(R) \
+    case R: \
+        for (int r = 0; r < nb; r++) \
+            row_dot_bf16(x, k, R, wb + (int64_t)r * k, bb ? bb + r : 0, yb + r, n); \
+        break;
+
+static __attribute__((noinline)) void row_block_bf16(const uint16_t *x, const uint16_t *wb, const uint16_t *bb,
+                                                     uint16_t *yb, int m, int n, int k, int nb) {
+    switch (m) {
+        ROWS_CASE_BF16(1) ROWS_CASE_BF16(2) ROWS_CASE_BF16(3) ROWS_CASE_BF16(4) ROWS_CASE_BF16(5) ROWS_CASE_BF16(6)
+        ROWS_CASE_BF16(7) ROWS_CASE_BF16(8) ROWS_CASE_BF16(9) ROWS_CASE_BF16(10) ROWS_CASE_BF16(11)
+    }
+}
+
+int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int m,
+                                  int n, int k, int threads) {
+    if (m < 1 || m > ROWDOT_ROWS || n < 1 || k < 1) return -1;
+    const int blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (int b = 0; b < blocks; b++) {
+        const int n0 = b * BLOCK_ROWS, nb = n - n0 < BLOCK_ROWS ? n - n0 : BLOCK_ROWS;
+        row_block_bf16(x, w + (int64_t)n0 * k, bias ? bias + n0 : 0, y + n0, m, n, k, nb);
+    }
+    return 0;
+}
+
+/* the most rows splitserve_few_rows_gemm_bf16 takes */
+int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS; }

@@ -14,23 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 #define PARALLEL_ROWS 64 /* fewer rows run on the calling thread */
-
-static inline float bf16_to_f32(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* round to nearest even, as c10::BFloat16 does; NaN stays a (quiet) NaN */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static void row_f32(const float *x, float *res, const float *w, float *out, int dim, float eps) {
     const float *v = x;

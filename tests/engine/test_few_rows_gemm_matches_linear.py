@@ -1,8 +1,9 @@
 """The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for the row counts it takes
 (1-256: in registers up to 11, then in tiles of 4 weight rows x up to 6 rows, partial ones too), with and without
 bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks, and a row's result does not
-depend on how many rows came with it; a float32 model on CPU routes its linear layers (and a tied LM head)
-through it, for the row counts the load-time calibration found it wins."""
+depend on how many rows came with it; so does its bfloat16 body (1-11 rows), to bfloat16's rounding; a float32
+model on CPU routes its linear layers (and a tied LM head) through it, for the row counts the load-time calibration
+found it wins."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.models import linear, row_calibration
 from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack, few_rows_gemm,
-                                  few_rows_kernel, onednn_linear, use_few_rows_kernel)
+                                  few_rows_kernel, max_rows, onednn_linear, use_few_rows_kernel, working_set)
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -80,7 +81,7 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
     """The calibration times the kernel against F.linear for each row count; a FewRowsLinear routes exactly those
     counts to the kernel (the result, unlike the values, depends on the host)."""
     w = torch.randn(3072, 576, generator=torch.Generator().manual_seed(1))
-    rows = calibrate_rows(lib, w, reps=1, passes=1)
+    rows = calibrate_rows(lib, [w], reps=1, passes=1)
     assert rows <= set(range(1, MAX_ROWS + 1))
     assert not rows or rows == set(range(min(rows), max(rows) + 1))  # one range
     layer = FewRowsLinear(w, None, lib, rows=frozenset({3}))
@@ -118,3 +119,37 @@ def test_a_rows_result_does_not_depend_on_its_batch() -> None:
     for m in (5, 6, 11, 12, 13, 16, 17, 64, 200):  # both sides of the row-by-row loop and the tiles
         batch = few_rows_gemm(lib, x[:m], w, None)
         assert torch.equal(batch[0:m:37], alone[: len(range(0, m, 37))]), m
+
+
+@pytest.mark.parametrize("n, k", [(960, 576), (49, 64), (7, 333), (130, 17)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_bfloat16_body_equals_a_float32_product_rounded_to_bfloat16(n: int, k: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    top = max_rows(lib, torch.bfloat16)
+    for m in range(1, top + 1):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        want = F.linear(x.float(), w.float(), None if b is None else b.float())
+        got = few_rows_gemm(lib, x, w, b)
+        assert got.dtype == torch.bfloat16
+        # float32 sums differ only in order; the result is then one bfloat16 rounding (2^-8 relative) away
+        assert torch.allclose(got.float(), want, rtol=2 ** -7, atol=1e-4 * k), f"{m} rows"
+    with pytest.raises(RuntimeError, match="refused"):
+        few_rows_gemm(lib, torch.zeros(top + 1, k).bfloat16(), w, b)
+
+
+def test_a_bfloat16_rows_result_does_not_depend_on_its_batch() -> None:
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(960, 576, generator=g).bfloat16(), torch.randn(11, 576, generator=g).bfloat16()
+    alone = torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(11)])
+    for m in range(2, 12):
+        assert torch.equal(few_rows_gemm(lib, x[:m], w, None), alone[:m]), m
+
+
+def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = [torch.empty(256, 1024) for _ in range(10)]  # 1 MiB each
+    monkeypatch.setattr(linear, "last_level_cache", lambda: 4 << 20)
+    assert len(working_set(weights)) == 5  # 5 MiB: a quarter over the 4 MiB cache, so each is read from memory
+    monkeypatch.setattr(linear, "last_level_cache", lambda: 64 << 20)
+    assert len(working_set(weights)) == 10  # the whole model fits: all of it, as a step reads it

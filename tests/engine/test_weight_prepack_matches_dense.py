@@ -59,9 +59,12 @@ def _packed(core: EngineCore) -> set[bool]:
 
 
 @pytest.mark.skipif(few_rows_kernel() is None, reason="no C compiler for the few-rows kernel")
-def test_a_packed_float32_layer_sends_the_few_rows_kernels_counts_to_it() -> None:
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dtype, tol: float) -> None:
+    if not can_prepack(torch.device("cpu"), dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} here")
     gen = torch.Generator().manual_seed(3)
-    w, b = torch.randn(96, 80, generator=gen), torch.randn(96, generator=gen)
+    w, b = torch.randn(96, 80, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
     calls: list[int] = []
     real = few_rows_kernel()
 
@@ -70,10 +73,14 @@ def test_a_packed_float32_layer_sends_the_few_rows_kernels_counts_to_it() -> Non
             calls.append(args[4])
             return real.splitserve_few_rows_gemm(*args)
 
+        def splitserve_few_rows_gemm_bf16(self, *args):  # noqa: ANN002, ANN202
+            calls.append(args[4])
+            return real.splitserve_few_rows_gemm_bf16(*args)
+
     layer = PackedLinear(w, b, (Spy(), frozenset({2})))
     for rows in (1, 2, 7):
-        x = torch.randn(rows, 80, generator=gen)
-        torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+        x = torch.randn(rows, 80, generator=gen).to(dtype)
+        torch.testing.assert_close(layer(x).float(), F.linear(x.float(), w.float(), b.float()), rtol=tol, atol=tol)
     assert calls == [2]
 
 

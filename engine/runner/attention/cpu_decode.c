@@ -54,13 +54,6 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-static inline uint16_t f32_to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
-
 typedef uint32_t __attribute__((may_alias)) u32_alias;
 
 /* Copy n rows of head_dim elements (row stride `stride` elements) to a dense float buffer. */

@@ -60,10 +60,7 @@ static inline void store_row(void *out, int64_t idx, const float *src, float inv
         if (dtype == 0) {
             ((float *)out)[idx + d] = v;
         } else if (dtype == 1) {
-            uint32_t bits;
-            memcpy(&bits, &v, 4);
-            bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
-            ((uint16_t *)out)[idx + d] = (uint16_t)(bits >> 16);
+            ((uint16_t *)out)[idx + d] = f32_to_bf16(v);
         } else {
             ((_Float16 *)out)[idx + d] = (_Float16)v;
         }
@@ -219,20 +216,6 @@ static void task_any(const Args *A, float *w, int64_t s, int h, int64_t i0, int 
 #define HAVE_BF16_TASK 1
 typedef uint16_t h32u __attribute__((vector_size(64)));
 
-static inline float bf16_to_f32(uint16_t v) {
-    const uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t bf16_of(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
-
 /* The task for bfloat16 q and cache with D % 32 == 0, on AVX-512 BF16: the same walk, but scores and weighted
  * sums are bfloat16 dot products of pairs (VDPBF16PS, two products per float32 lane), so half the instructions.
  * q * scale is rounded to bfloat16 (exact for a power-of-two scale) and each block's softmax weights are rounded
@@ -256,7 +239,7 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
         if (r < rows) {
             const uint16_t *src = (const uint16_t *)A->q + (first + i0 + r / G) * A->q_stride +
                                   ((int64_t)h * G + r % G) * D;
-            for (int d = 0; d < D; d++) qr[d] = bf16_of(bf16_to_f32(src[d]) * A->scale);
+            for (int d = 0; d < D; d++) qr[d] = f32_to_bf16(bf16_to_f32(src[d]) * A->scale);
         } else {
             memset(qr, 0, (size_t)D * sizeof(uint16_t));
         }
