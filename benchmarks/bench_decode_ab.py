@@ -6,14 +6,16 @@ prompts), then steps them alternately and reports each one's median decode step,
 the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
 generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's, alternating) on every layer's
 pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only). ``--gemm-base REV`` adds
-an engine of the first variant whose float32 linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c,
-with the row counts it calibrates to on this host), stepped alternately with the others.
+an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
+the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
+without that kernel (oneDNN's packed GEMM or MKL's take every row count).
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
     python -m benchmarks.bench_decode_ab --kernel
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
+    python -m benchmarks.bench_decode_ab --model smollm2 --dtype bfloat16 --batch 1 --gemm-base off
 """
 from __future__ import annotations
 
@@ -75,9 +77,11 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     cores = [decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v)
              for v in variants]
     if args.gemm_base:
-        base_lib = source_at(args.gemm_base, "engine/models/few_rows_gemm.c")
-        base_lib.splitserve_few_rows_gemm.restype = ctypes.c_int
-        base_lib.splitserve_few_rows_gemm.argtypes = linear.few_rows_kernel().splitserve_few_rows_gemm.argtypes
+        base_lib = None if args.gemm_base == "off" else source_at(args.gemm_base, "engine/models/few_rows_gemm.c")
+        for name in ("splitserve_few_rows_gemm", "splitserve_few_rows_gemm_bf16", "splitserve_few_rows_bf16_max"):
+            if base_lib is not None and hasattr(base_lib, name):  # older revisions lack the bfloat16 entries
+                fn, now = getattr(base_lib, name), getattr(linear.few_rows_kernel(), name)
+                fn.restype, fn.argtypes = now.restype, now.argtypes
         current = linear.few_rows_kernel
         linear.few_rows_kernel = lambda: base_lib  # the engine built now loads REV's kernel
         try:
@@ -85,7 +89,8 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
                                        variants[0]))
         finally:
             linear.few_rows_kernel = current
-        names.append(f"{names[0]} with {args.gemm_base}'s few-rows GEMM")
+        names.append(f"{names[0]} without the few-rows GEMM" if base_lib is None
+                     else f"{names[0]} with {args.gemm_base}'s few-rows GEMM")
     times: list[list[float]] = [[] for _ in cores]
     for _ in range(args.steps):
         for i, core in enumerate(cores):
@@ -182,7 +187,8 @@ def main() -> None:
     ap.add_argument("--kernel-shape", default="150m", choices=("150m", "smollm2"),
                     help="--kernel: the attention shapes and layer count timed")
     ap.add_argument("--gemm-base", default=None, metavar="REV",
-                    help="also step an engine whose few-rows GEMM is REV's (alternating with the others)")
+                    help="also step an engine whose few-rows GEMM is REV's, or (off) one without it, alternating with "
+                         "the others")
     ap.add_argument("--kernel-repeats", type=int, default=5, help="--kernel: samples per body and table")
     ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))

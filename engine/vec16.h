@@ -34,6 +34,15 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* 16 bfloat16 values widened to float32 (a bfloat16 is the top half of a float32) */
+static inline v16 load16bf(const uint16_t *p) {
+    typedef uint32_t u16x32 __attribute__((vector_size(64)));
+    typedef uint16_t u16x16 __attribute__((vector_size(32)));
+    u16x16 h;
+    memcpy(&h, p, sizeof h);
+    return (v16)(__builtin_convertvector(h, u16x32) << 16);
+}
+
 /* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
 static inline float hsum16(v16 v) {
     v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});

@@ -162,15 +162,8 @@ static inline float acc_sum(acc_bf16 acc) { return hsum16((v16)acc); }
 #else
 #define BF16_STEP 16
 typedef v16 acc_bf16;
-typedef uint32_t v16u_bf __attribute__((vector_size(64)));
-typedef uint16_t h16u_bf __attribute__((vector_size(32)));
-static inline v16 widen16(const uint16_t *p) {
-    h16u_bf h;
-    memcpy(&h, p, sizeof h);
-    return (v16)(__builtin_convertvector(h, v16u_bf) << 16);
-}
 static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
-    return acc + widen16(x) * widen16(w);
+    return acc + load16bf(x) * load16bf(w);
 }
 static inline float acc_sum(acc_bf16 acc) { return hsum16(acc); }
 #endif

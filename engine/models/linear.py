@@ -119,7 +119,8 @@ class PackedLinear(nn.Module):
         self._dense = weight.detach().contiguous() if self._few_rows else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._few_rows is not None and x.dim() == 2 and x.shape[0] in self._few_rows[1]:
+        if (self._few_rows is not None and x.dim() == 2 and x.shape[0] in self._few_rows[1]
+                and x.dtype == self._dense.dtype):
             return few_rows_gemm(self._few_rows[0], x, self._dense, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 

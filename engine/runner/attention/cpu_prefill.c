@@ -39,18 +39,14 @@
 #define MAX_DIM 256
 #define MAX_GROUP 16
 
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t h16u __attribute__((vector_size(32)));
 typedef _Float16 h16f __attribute__((vector_size(32)));
 
 /* 16 elements from base[idx] as float32 */
 static inline v16 load16(const void *base, int64_t idx, int dtype) {
     if (dtype == 0) return load16f((const float *)base + idx);
-    h16u h;
-    memcpy(&h, (const uint16_t *)base + idx, sizeof h);
-    if (dtype == 1) return (v16)(__builtin_convertvector(h, v16u) << 16);
+    if (dtype == 1) return load16bf((const uint16_t *)base + idx);
     h16f hf;
-    memcpy(&hf, &h, sizeof hf);
+    memcpy(&hf, (const uint16_t *)base + idx, sizeof hf);
     return __builtin_convertvector(hf, v16);
 }
 
