@@ -8,7 +8,8 @@ generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's
 pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only). ``--gemm-base REV`` adds
 an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
 the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
-without that kernel (oneDNN's packed GEMM or MKL's take every row count).
+without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--prefill`` times the prefill of
+``--batch`` prompts of ``--context`` tokens (the server's chunk size and step budget) instead of a decode step.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
@@ -16,6 +17,8 @@ without that kernel (oneDNN's packed GEMM or MKL's take every row count).
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --dtype bfloat16 --batch 1 --gemm-base off
+    python -m benchmarks.bench_decode_ab --model smollm2 --prefill --batch 4 --context 512 --steps 8 \
+        --variant weight_prepack=off --variant weight_prepack=auto
 """
 from __future__ import annotations
 
@@ -53,15 +56,20 @@ def parse_variant(text: str) -> dict[str, Any]:
                 else v) for k, v in pairs.items()}
 
 
+def engine(model: str, dtype: str, threads: int, tokens: int, variant: dict[str, Any],
+           scheduler: SchedulerConfig) -> EngineCore:
+    mc = {k: v for k, v in variant.items() if k in {f.name for f in dataclasses.fields(ModelConfig)}}
+    cc = {k: v for k, v in variant.items() if k not in mc}
+    return EngineCore(EngineConfig(
+        ModelConfig(model_path=str(model_dir(model)), dtype=dtype, num_threads=threads, **mc),
+        CacheConfig(max_total_tokens=tokens, disable_radix_cache=True, **cc), scheduler))
+
+
 def decode_engine(model: str, dtype: str, threads: int, batch: int, context: int, steps: int,
                   variant: dict[str, Any]) -> EngineCore:
     """An engine with `batch` requests of `context` prompt tokens, stepped until all of them decode."""
-    mc = {k: v for k, v in variant.items() if k in {f.name for f in dataclasses.fields(ModelConfig)}}
-    cc = {k: v for k, v in variant.items() if k not in mc}
-    core = EngineCore(EngineConfig(
-        ModelConfig(model_path=str(model_dir(model)), dtype=dtype, num_threads=threads, **mc),
-        CacheConfig(max_total_tokens=batch * (context + steps + 8) + 4096, disable_radix_cache=True, **cc),
-        SchedulerConfig(max_running_requests=batch, chunked_prefill_size=512, max_prefill_tokens=4096)))
+    core = engine(model, dtype, threads, batch * (context + steps + 8) + 4096, variant,
+                  SchedulerConfig(max_running_requests=batch, chunked_prefill_size=512, max_prefill_tokens=4096))
     params = SamplingParams(max_new_tokens=steps + 8, temperature=0.0, ignore_eos=True)
     reqs = [core.make_request(p, params, detokenize=False) for p in prompts_for(batch, context, 4000)]
     for r in reqs:
@@ -71,11 +79,29 @@ def decode_engine(model: str, dtype: str, threads: int, batch: int, context: int
     return core
 
 
+def prefill_engine(model: str, dtype: str, threads: int, batch: int, context: int, steps: int,
+                   variant: dict[str, Any]) -> EngineCore:
+    """An engine with the server's scheduling defaults (chunk and step budget), warmed up by one prefill."""
+    core = engine(model, dtype, threads, batch * (context + 8) + 4096, variant, SchedulerConfig())
+    prefill(core, prompts_for(batch, context, 4000))
+    return core
+
+
+def prefill(core: EngineCore, prompts: list[list[int]]) -> None:
+    """Steps until every prompt is prefilled (one output token each)."""
+    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+    reqs = [core.make_request(p, params, detokenize=False) for p in prompts]
+    for r in reqs:
+        core.add_request(r)
+    while any(not r.finished for r in reqs):
+        core.step()
+
+
 def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     variants = [parse_variant(v) for v in args.variant] or [{}]
     names = args.variant or ["default"]
-    cores = [decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v)
-             for v in variants]
+    build = prefill_engine if args.prefill else decode_engine
+    cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
     if args.gemm_base:
         base_lib = None if args.gemm_base == "off" else source_at(args.gemm_base, "engine/models/few_rows_gemm.c")
         for name in ("splitserve_few_rows_gemm", "splitserve_few_rows_gemm_bf16", "splitserve_few_rows_bf16_max"):
@@ -85,21 +111,27 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
         current = linear.few_rows_kernel
         linear.few_rows_kernel = lambda: base_lib  # the engine built now loads REV's kernel
         try:
-            cores.append(decode_engine(args.model, args.dtype, args.threads, args.batch, args.context, args.steps,
-                                       variants[0]))
+            cores.append(build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps,
+                               variants[0]))
         finally:
             linear.few_rows_kernel = current
         names.append(f"{names[0]} without the few-rows GEMM" if base_lib is None
                      else f"{names[0]} with {args.gemm_base}'s few-rows GEMM")
+    prompts = prompts_for(args.batch, args.context, 4000)
     times: list[list[float]] = [[] for _ in cores]
     for _ in range(args.steps):
         for i, core in enumerate(cores):
             start = time.perf_counter()
-            core.step()
+            if args.prefill:
+                prefill(core, prompts)
+            else:
+                core.step()
             times[i].append(time.perf_counter() - start)
     base = statistics.median(times[0])
-    return [{"variant": names[i], "median_step_ms": 1e3 * statistics.median(t),
-             "p25_step_ms": 1e3 * statistics.quantiles(t, n=4)[0], "tok_s": args.batch / statistics.median(t),
+    unit = "prefill" if args.prefill else "step"
+    return [{"variant": names[i], f"median_{unit}_ms": 1e3 * statistics.median(t),
+             f"p25_{unit}_ms": 1e3 * statistics.quantiles(t, n=4)[0],
+             "tok_s": args.batch * (args.context if args.prefill else 1) / statistics.median(t),
              "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
 
 
@@ -179,7 +211,10 @@ def main() -> None:
                     help="comma-separated ModelConfig/CacheConfig settings, e.g. kv_cache_dtype=bfloat16 (repeat)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=512, help="prompt tokens per request")
-    ap.add_argument("--steps", type=int, default=40, help="decode steps timed per variant")
+    ap.add_argument("--steps", type=int, default=40, help="decode steps (or --prefill: prefills) timed per variant")
+    ap.add_argument("--prefill", action="store_true",
+                    help="time the prefill of --batch prompts of --context tokens instead of a decode step (the "
+                         "server's chunk size and step budget)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kernel", action="store_true", help="time the decode-attention kernel alone instead")
     ap.add_argument("--kernel-base", default=None, metavar="REV",

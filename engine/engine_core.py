@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from engine.runner.attention import create_backend
 from engine.runner.model_runner import ModelRunner
 from engine.sampler import TokenLogprob, record_prompt_logprobs, sample
 from engine.sampling_params import InvalidRequestError, SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler, StepRecord
 from engine.spec import Drafter, Speculator, create_drafter, draft_rows, measure_prior, split_rows
 from engine.spec.tree import moves
 from engine.tokenizer import Tokenizer
@@ -136,6 +137,7 @@ class EngineCore:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}
+        self.step_records: deque[StepRecord] = deque(maxlen=4096)  # drained by metrics on the event loop
         self.grammars = (GrammarCache(self.tokenizer.hf, self.arch.vocab_size, eos, cfg.grammar.grammar_cache_size)
                          if cfg.grammar.grammar_backend == "xgrammar" else None)
         self.masks = MaskFiller(self.arch.vocab_size)
@@ -243,6 +245,7 @@ class EngineCore:
             outputs += self._run_batch(batch)
             seconds = time.perf_counter() - start
             self.scheduler.observe_step(seconds)
+            self.step_records.append(batch.record(seconds))
             if self.spec is not None:
                 self.spec.observe(batch, seconds)
         outputs += self.role.after_step(self, batch)

@@ -71,6 +71,12 @@ class EngineMetrics:
         self.spec_requests = Counter("splitserve_spec_requests", "Finished requests by whether any of their drafts "
                                      "was verified (engines with speculative decoding)", lbl + ["speculation"],
                                      registry=r)
+        self.step_seconds = Histogram("splitserve_engine_step_seconds", "Engine steps by what they computed: "
+                                      "prefill (prompt chunks only), decode, or mixed", lbl + ["kind"],
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_tokens = Counter("splitserve_engine_step_tokens", "Token positions computed by engine steps, "
+                                   "prompt (prefill) or output (decode, drafts included)", lbl + ["kind"], registry=r)
+        self._steps = core.step_records
         self.hicache = core.hicache
         if self.hicache is not None:
             tier = self.hicache
@@ -95,7 +101,16 @@ class EngineMetrics:
         if not hit:
             self.grammar_compile.observe(seconds)
 
+    def _drain_steps(self) -> None:
+        steps = self._steps
+        while steps:  # appended by the engine thread; deque pops are atomic
+            step = steps.popleft()
+            self.step_seconds.labels(self.role, step.kind).observe(step.seconds)
+            self.step_tokens.labels(self.role, "prefill").inc(step.prefill_tokens)
+            self.step_tokens.labels(self.role, "decode").inc(step.decode_tokens)
+
     def observe(self, outputs: list[StepOutput]) -> None:
+        self._drain_steps()
         if self.hicache is not None:
             times = self.hicache.stats.load_seconds
             while times:  # appended by the engine thread; deque pops are atomic
@@ -135,6 +150,7 @@ class EngineMetrics:
                     self.e2e.observe(req.last_token_time - req.arrival)
 
     def render(self) -> bytes:
+        self._drain_steps()  # steps that delivered no output (a prompt's middle chunks) count too
         return generate_latest(self.registry)
 
 

@@ -2,8 +2,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.request import Request
+
+
+class StepRecord(NamedTuple):
+    """One engine step as metrics see it: its time and the tokens it computed."""
+    seconds: float
+    prefill_tokens: int  # prompt positions (chunks of prefills and extends)
+    decode_tokens: int  # one per decoding request, plus its verified draft tokens
+
+    @property
+    def kind(self) -> str:
+        return "mixed" if self.prefill_tokens and self.decode_tokens else "prefill" if self.prefill_tokens \
+            else "decode"
 
 
 @dataclass(frozen=True)
@@ -38,3 +51,7 @@ class ScheduledBatch:
     @property
     def num_decode(self) -> int:
         return sum(1 for s in self.seqs if s.num_tokens == 1 or s.draft)
+
+    def record(self, seconds: float) -> StepRecord:
+        decode = sum(s.num_tokens for s in self.seqs if s.num_tokens == 1 or s.draft)
+        return StepRecord(seconds, self.num_tokens - decode, decode)

@@ -15,7 +15,7 @@ NAMES = ["splitserve_num_running_reqs", "splitserve_num_queue_reqs", "splitserve
 
 
 def value(text: str, name: str) -> float:
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
     assert m, f"{name} missing"
     return float(m.group(1))
 
@@ -35,3 +35,26 @@ def test_metrics_follow_requests(server: ServerProcess) -> None:
         value(before, "splitserve_time_to_first_token_seconds_count") == 2
     assert value(after, "splitserve_prefix_cache_hit_rate") > 0
     assert value(after, "splitserve_radix_cache_evictable_size") > 0
+
+
+def test_step_metrics_count_the_positions_each_step_computed(server: ServerProcess) -> None:
+    def read() -> dict[str, float]:
+        text = httpx.get(server.url + "/metrics").text
+        return {name: value(text, name) for name in (
+            'splitserve_engine_step_tokens_total{kind="prefill",role="colocated"}',
+            'splitserve_engine_step_tokens_total{kind="decode",role="colocated"}',
+            'splitserve_engine_step_seconds_count{kind="decode",role="colocated"}',
+            "splitserve_prompt_tokens_total", "splitserve_cached_prompt_tokens_total")}
+
+    httpx.post(server.url + "/v1/completions", json={"prompt": "warm", "max_tokens": 2}, timeout=30)
+    before = read()
+    for prompt in ("step metrics: a prompt of its own", "step metrics: a prompt of its own, longer"):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 5, "ignore_eos": True},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    delta = {k: v - before[k] for k, v in read().items()}
+    computed = delta["splitserve_prompt_tokens_total"] - delta["splitserve_cached_prompt_tokens_total"]
+    assert delta['splitserve_engine_step_tokens_total{kind="prefill",role="colocated"}'] == computed > 0
+    # the first token of each comes from its prompt's step; the other four from one decode step each
+    assert delta['splitserve_engine_step_tokens_total{kind="decode",role="colocated"}'] == 8
+    assert delta['splitserve_engine_step_seconds_count{kind="decode",role="colocated"}'] == 8
