@@ -38,10 +38,11 @@ class ModelConfig:
     attention_backend: str = field(default="auto", metadata={
         "help": "attention backend (torch everywhere; more on CUDA as they land)", "choices": ("auto", "torch")})
     weight_prepack: str = field(default="auto", metadata={
-        "help": "on CPU, reorder linear weights once into oneDNN's GEMM layout: auto = bfloat16 weights only "
-                "(1.6-2.5x faster matmuls, AMX where present); on = float32 too (on some CPUs faster at decode "
-                "batch sizes, e.g. 1.33x at batch 64 on an AMD EPYC; slower for long prefill steps on others; "
-                "rounding differs from F.linear's); off = never",
+        "help": "on CPU, reorder linear weights once into oneDNN's GEMM layout: auto = bfloat16 weights (1.6-2.5x "
+                "faster matmuls, AMX where present), and for float32 a packed copy beside the dense weight for "
+                "prefill rows (decode rows stay on the batch-invariant few-rows kernel); on = float32 decode rows "
+                "too (faster at batch 64 on an AMD EPYC, but a row's result then depends on its batch); off = "
+                "never",
         "choices": PREPACK_MODES})
 
 

@@ -22,12 +22,12 @@ faster than MKL even for one row, and with its tiles 1.5-2x MKL from 17 to 64 ro
 host's MKL was as fast for 1-3 rows. The answer is measured once per host and shared by every process on it
 (``row_calibration``).
 
-The row counts the kernel does not take (prefill chunks, large decode batches) go to oneDNN's GEMM on the dense
-weight where it beats MKL's behind ``F.linear`` here (``onednn_beats_mkl``, timed at BIG_ROWS rows once per host):
-oneDNN reorders the weight per call, which at these row counts costs little next to the arithmetic, and needs no
-second copy of the weights. On a Zen 5 host (2 cores) it ran SmolLM2's 3072 x 576 layer at 1,024 rows in 8.4 ms
-against MKL's 18.7 (429 against 194 GFLOP/s); a packed copy was only 13% faster still (7.4 ms) and would double
-the float32 weights' memory.
+The row counts the kernel does not take (prefill chunks, large decode batches) go to oneDNN's GEMM where it beats
+MKL's behind ``F.linear`` here (``onednn_beats_mkl``, timed at BIG_ROWS rows once per host). On a Zen 5 host (2
+cores) it ran SmolLM2's 3072 x 576 layer at 1,024 rows in 8.4 ms against MKL's 18.7 (429 against 194 GFLOP/s) on
+the dense weight, which it reorders per call, and in 7.4 ms on a packed copy. The decoder layers keep such a copy
+(unless ``--weight-prepack off``): +425 MB for SmolLM2, whose whole prefill step moved 1.06x (4 x 512 tokens) to
+1.18x (one 128-token prompt), the reorder's share growing as the rows shrink.
 
 Packed layers keep their dense weight too where the few-rows kernel beats the packed GEMM at some row counts
 (``few_rows_vs_packed``, timed over a working set of the model's weights larger than the caches, as a step reads
@@ -77,7 +77,8 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
 
 
 def should_prepack(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """``--weight-prepack``: auto = bfloat16 only, on = whatever can be packed, off = nothing."""
+    """``--weight-prepack``: auto = bfloat16 only, on = whatever can be packed, off = nothing. (Float32 layers
+    that are not packed still keep a packed copy for prefill unless it is off: ``use_few_rows_kernel``.)"""
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"--weight-prepack must be auto, on or off, not {mode!r}")
     return mode != "off" and can_prepack(device, dtype) and (mode == "on" or dtype == torch.bfloat16)
@@ -201,7 +202,7 @@ def max_rows(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` through oneDNN's GEMM on a dense float32 weight (reordered per call)."""
+    """``F.linear`` through oneDNN's GEMM on a dense float32 weight (reordered per call) or a packed one."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -243,11 +244,12 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
 class FewRowsLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
     ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``, or through oneDNN with
-    ``onednn``. ``tied``: the weight belongs to another module (the embeddings), so it is held outside this
-    module's state_dict."""
+    ``onednn``: on a packed copy of the weight with ``packed`` (no reorder per call), else on the dense weight.
+    ``tied``: the weight belongs to another module (the embeddings), so it is held outside this module's
+    state_dict."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
-                 rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False) -> None:
+                 rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False, packed: bool = False) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -258,6 +260,8 @@ class FewRowsLinear(nn.Linear):
         self._lib = lib
         self.rows = rows
         self.onednn = onednn
+        self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+                        if onednn and packed else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == torch.float32
@@ -265,13 +269,17 @@ class FewRowsLinear(nn.Linear):
             if x.shape[0] in self.rows:
                 return few_rows_gemm(self._lib, x, self.weight, self.bias)
             if self.onednn:
-                return onednn_linear(x, self.weight, self.bias)
+                return onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
+def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None, packed: bool = True) -> int:
     """Route ``model``'s float32 CPU ``nn.Linear`` layers (and a tied LM head, as ``model.lm_head`` sharing the
-    embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were."""
+    embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were.
+    ``packed``: where oneDNN takes the row counts the kernel does not (prefill), the decoder layers keep a copy
+    of their weight in its layout. SmolLM2 on a Zen 5 host, 2 threads: a 128-token prompt's step 84 -> 76 ms,
+    a 4 x 512-token step 1.15 -> 1.10 s (oneDNN reordered the whole weight at every call), for +425 MB; the LM
+    head (prefill computes a few rows of it) stays dense."""
     lib = few_rows_kernel()
     if lib is None:
         return 0
@@ -299,7 +307,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big))
+        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big, packed=packed))
     if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
         model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big)
         targets.append(("lm_head", model.lm_head))

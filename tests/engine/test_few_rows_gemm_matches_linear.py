@@ -71,6 +71,7 @@ def test_the_rows_it_does_not_take_go_to_onednn_where_onednn_beat_mkl_here(monke
     assert use_few_rows_kernel(model) == 1
     layer = model[0]
     assert isinstance(layer, FewRowsLinear) and layer.onednn == onednn_won and layer.rows == frozenset(range(1, 9))
+    assert (layer.packed is not None) == onednn_won  # oneDNN's rows read a packed copy, not a per-call reorder
     for m in (1, 8, 9, 100, 600):
         x = torch.randn(m, 1024, generator=g)
         assert torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4), m
