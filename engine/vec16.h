@@ -61,10 +61,14 @@ static inline float hsum16(v16 v) {
 static inline v16 pick(v16i m, v16 a, v16 b) { return (v16)(((v16i)a & m) | ((v16i)b & ~m)); }
 
 /* the largest lane */
-static inline float hmax(v16 v) {
-    float m = v[0];
-    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
-    return m;
+static inline float hmax(v16 v) { /* a tree of halvings, as hsum16 (the maximum does not depend on the order) */
+    v16 s = __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    v = pick(s > v, s, v);
+    s = __builtin_shuffle(v, (v16i){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    v = pick(s > v, s, v);
+    s = __builtin_shuffle(v, (v16i){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    v = pick(s > v, s, v);
+    return v[0] > v[1] ? v[0] : v[1];
 }
 
 /* exp(x) lanewise for x <= 0: x*log2(e) = n + f, |f| <= 0.5, 2^f by EXP2_POLY,
