@@ -293,11 +293,15 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
             const float m_old = mh[g];
             const float blk = _mm512_mask_reduce_max_ps(valid, s);
             const float m = blk > m_old ? blk : m_old;
-            const float c = m_old == -INFINITY ? 0.f : exp_nonpositive(m_old - m);
             const __m512 p = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+            _mm512_storeu_ps(pw[g], p);
+            if (m == m_old) { /* the max did not move: no correction (it would multiply by exactly 1) */
+                _mm512_storeu_ps(dh + g * 16, _mm512_add_ps(_mm512_loadu_ps(dh + g * 16), p));
+                continue;
+            }
+            const float c = m_old == -INFINITY ? 0.f : exp_nonpositive(m_old - m);
             const __m512 cv = _mm512_set1_ps(c);
             _mm512_storeu_ps(dh + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(dh + g * 16), cv, p));
-            _mm512_storeu_ps(pw[g], p);
             mh[g] = m;
             for (int j = 0; j < DV; j++)
                 _mm512_storeu_ps(ah + g * D + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(ah + g * D + 16 * j), cv));
