@@ -79,7 +79,8 @@ static inline __attribute__((always_inline)) void tile_dot(const float *x, int k
     for (int k = 0; k < kv; k += 16) {
         v16 wv[4];
         for (int r = 0; r < WR; r++) wv[r] = load16f(w + (int64_t)r * k_dim + k);
-        for (int r = 0; r < pf_rows; r++) __builtin_prefetch(pf + (int64_t)r * k_dim + k, 0, 3);
+        if (pf_rows > 0) __builtin_prefetch(pf + k, 0, 3); /* pf_rows <= 2 (block() spreads 4 over >= 2 tiles) */
+        if (pf_rows > 1) __builtin_prefetch(pf + k_dim + k, 0, 3);
         for (int i = 0; i < XR; i++) {
             v16 xv = load16f(x + (int64_t)i * k_dim + k);
             KEEP_IN_REGISTER(xv);
