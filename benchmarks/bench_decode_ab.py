@@ -103,11 +103,8 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     build = prefill_engine if args.prefill else decode_engine
     cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
     if args.gemm_base:
-        base_lib = None if args.gemm_base == "off" else source_at(args.gemm_base, "engine/models/few_rows_gemm.c")
-        for name in ("splitserve_few_rows_gemm", "splitserve_few_rows_gemm_bf16", "splitserve_few_rows_bf16_max"):
-            if base_lib is not None and hasattr(base_lib, name):  # older revisions lack the bfloat16 entries
-                fn, now = getattr(base_lib, name), getattr(linear.few_rows_kernel(), name)
-                fn.restype, fn.argtypes = now.restype, now.argtypes
+        base_lib = None if args.gemm_base == "off" else source_at(args.gemm_base, "engine/models/few_rows_gemm.c",
+                                                                   linear.few_rows_kernel())
         current = linear.few_rows_kernel
         linear.few_rows_kernel = lambda: base_lib  # the engine built now loads REV's kernel
         try:
@@ -135,9 +132,13 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
              "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
 
 
-def source_at(rev: str, path: str) -> ctypes.CDLL:
+DECODE_SOURCE = "engine/runner/attention/cpu_decode.c"
+
+
+def source_at(rev: str, path: str, like: ctypes.CDLL | None = None) -> ctypes.CDLL:
     """The native library of ``path`` (a C source of this repository) as it was at git revision ``rev``, compiled
-    like the current one, for an A/B."""
+    like the current one, for an A/B; its functions that ``like`` (the current library, already declared) also
+    has get the same signatures."""
     source = Path(__file__).resolve().parent.parent / path
     text = subprocess.run(["git", "-C", str(source.parent), "show", f"{rev}:./{source.name}"], check=True,
                           capture_output=True, text=True).stdout
@@ -147,14 +148,10 @@ def source_at(rev: str, path: str) -> ctypes.CDLL:
         lib = native.load(copy)
     if lib is None:
         raise SystemExit(f"no C compiler: {source.name} cannot be built")
-    return lib
-
-
-def kernel_at(rev: str) -> ctypes.CDLL:
-    """The decode kernel as it was at git revision ``rev``."""
-    lib = source_at(rev, "engine/runner/attention/cpu_decode.c")
-    fn = lib.splitserve_decode_attention
-    fn.restype, fn.argtypes = ctypes.c_int, decode_kernel().splitserve_decode_attention.argtypes
+    for name, now in (vars(like) if like is not None else {}).items():  # ctypes keeps the functions looked up
+        if isinstance(now, ctypes._CFuncPtr) and hasattr(lib, name):  # older revisions may lack some
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = now.restype, now.argtypes
     return lib
 
 
@@ -170,7 +167,7 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:  # the 150M model's attention
         heads, kv_heads, dim, layers = 12, 4, 64, 12
     page = args.page_size
-    bodies = ({"this": (lib, False), args.kernel_base: (kernel_at(args.kernel_base), False)} if args.kernel_base
+    bodies = ({"this": (lib, False), args.kernel_base: (source_at(args.kernel_base, DECODE_SOURCE, lib), False)} if args.kernel_base
               else {"avx512": (lib, False), "generic": (lib, True)})
     pages_per_seq = -(-args.context // page)
     num_pages = args.batch * pages_per_seq + 1

@@ -12,7 +12,6 @@ QK and PV multiply-adds, 4 FLOP per query-key pair and dim), and the largest dif
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 from pathlib import Path
 from typing import Any
@@ -24,20 +23,11 @@ from benchmarks.common import machine, table, write_json
 from engine.runner.attention.cpu_kernels import prefill_attention, prefill_kernel
 
 
-def kernel_at(rev: str) -> ctypes.CDLL:
-    lib = source_at(rev, "engine/runner/attention/cpu_prefill.c")
-    now = prefill_kernel()
-    assert now is not None
-    fn = lib.splitserve_prefill_attention
-    fn.restype, fn.argtypes = ctypes.c_int, now.splitserve_prefill_attention.argtypes
-    return lib
-
-
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     now = prefill_kernel()
     if now is None:
         raise SystemExit("no C compiler: the native prefill kernel is unavailable")
-    kernels = {"this tree": now, args.base: kernel_at(args.base)}
+    kernels = {"this tree": now, args.base: source_at(args.base, "engine/runner/attention/cpu_prefill.c", now)}
     s, t, p = args.seqs, args.len, args.page_size
     gen = torch.Generator().manual_seed(0)
     rows = []

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
-from engine.models.linear import can_prepack, prepack_linears, should_prepack, use_few_rows_kernel
+from engine.models.linear import prepack_linears, should_prepack, use_few_rows_kernel
 from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
     if should_prepack(prepack, device, torch_dtype):
         prepack_linears(model, tied)
     elif device.type == "cpu" and torch_dtype == torch.float32:
-        use_few_rows_kernel(model, tied, packed=prepack != "off" and can_prepack(device, torch_dtype))
+        use_few_rows_kernel(model, tied, packed=prepack != "off")
     log.info("loaded %s weights from %s as %s in %.1f s", cfg.architecture, gguf or model_dir,
              str(torch_dtype).replace("torch.", ""), time.monotonic() - start)
     return model, cfg, torch_dtype
