@@ -44,6 +44,10 @@ class ModelConfig:
                 "too (faster at batch 64 on an AMD EPYC, but a row's result then depends on its batch); off = "
                 "never",
         "choices": PREPACK_MODES})
+    decode_stack: str = field(default="auto", metadata={
+        "help": "on CPU, run a decode step's decoder layers as one native call (the per-layer path's own kernels "
+                "in the same order: the same outputs, without ~10 Python calls a layer); auto = where the model, "
+                "dtype and row count allow, off = never (for A/B tests)", "choices": ("auto", "off")})
 
 
 @dataclass(frozen=True)

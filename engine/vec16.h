@@ -43,6 +43,21 @@ static inline v16 load16bf(const uint16_t *p) {
     return (v16)(__builtin_convertvector(h, u16x32) << 16);
 }
 
+/* each lane rounded to bfloat16 (to nearest even, as f32_to_bf16), kept as a float32 */
+static inline v16 round16bf(v16 v) {
+    const v16i u = (v16i)v, nan = (u & 0x7fffffff) > 0x7f800000;
+    const v16i r = (u + 0x7fff + ((u >> 16) & 1)) & (int32_t)0xffff0000u;
+    return (v16)((nan & 0x7fc00000) | (r & ~nan));
+}
+
+/* 16 float32 values rounded to bfloat16 and stored */
+static inline void store16bf(uint16_t *p, v16 v) {
+    typedef uint32_t u16x32 __attribute__((vector_size(64)));
+    typedef uint16_t u16x16 __attribute__((vector_size(32)));
+    const u16x16 h = __builtin_convertvector((u16x32)round16bf(v) >> 16, u16x16);
+    memcpy(p, &h, sizeof h);
+}
+
 /* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
 static inline float hsum16(v16 v) {
     v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});

@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,9 +44,10 @@ def free_port() -> int:
 
 def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool = False,
                         rope_scaling: dict | None = None, seed: int = 0, vocab_size: int = 512,
-                        init: float = 0.1) -> Path:
+                        init: float = 0.1, tokenizer_from: Path | None = None) -> Path:
     """A tiny random checkpoint of ``arch`` (llama | qwen2 | qwen3) saved by transformers itself (``init``: the
-    weights' standard deviation; larger gives peakier next-token distributions)."""
+    weights' standard deviation; larger gives peakier next-token distributions), with the tokenizer files of
+    ``tokenizer_from`` (a model folder) copied in when given."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -68,6 +70,8 @@ def write_hf_checkpoint(out: Path, arch: str, *, tie: bool = False, shard: bool 
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out, max_shard_size="100KB" if shard else "5GB", safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json") if tokenizer_from else ():
+        shutil.copy(tokenizer_from / name, out / name)
     return out
 
 

@@ -125,6 +125,11 @@ class PackedLinear(nn.Module):
             return few_rows_gemm(self._few_rows[0], x, self._dense, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
+    def few_rows_operands(self) -> tuple[frozenset[int], torch.Tensor, torch.Tensor | None] | None:
+        """The row counts ``forward`` gives the few-rows kernel, and the dense weight and bias it reads there
+        (None when it gives it none): what a caller of the kernel itself needs to compute the same rows."""
+        return None if self._few_rows is None else (self._few_rows[1], self._dense, self.bias)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
@@ -271,6 +276,10 @@ class FewRowsLinear(nn.Linear):
             if self.onednn:
                 return onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def few_rows_operands(self) -> tuple[frozenset[int], torch.Tensor, torch.Tensor | None] | None:
+        """As ``PackedLinear.few_rows_operands``."""
+        return (self.rows, self.weight, self.bias) if self.rows and self.weight.is_contiguous() else None
 
 
 def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None, packed: bool = True) -> int:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import row_ops
 from engine.models.config import ArchConfig
 from engine.models.norm import RMSNorm
 from engine.models.rope import RotaryEmbedding, rotate
@@ -53,9 +54,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        # silu writes a fresh contiguous tensor: a prepacked down_proj would otherwise copy the strided half
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate_up = self.gate_up_proj(x)
+        lib = row_ops.usable(gate_up)
+        act = None if lib is None else row_ops.silu_mul(lib, gate_up)
+        if act is None:  # silu writes a fresh contiguous tensor: a prepacked down_proj would copy the strided half
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate).mul_(up)
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
@@ -103,6 +108,10 @@ class CausalLM(nn.Module):
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, backend)
+        return self.tail(h, residual, logit_rows)
+
+    def tail(self, h: torch.Tensor, residual: torch.Tensor | None, logit_rows: torch.Tensor | None) -> torch.Tensor:
+        """What ``forward`` returns, from the last layer's output and running residual (None: no layers)."""
         if logit_rows is None:
             return self.norm(h) if residual is None else self.norm.add(h, residual)
         h = self.norm(h[logit_rows]) if residual is None else self.norm.add(h[logit_rows], residual[logit_rows])

@@ -131,3 +131,45 @@ int splitserve_kv_write(void *k_cache, void *v_cache, const int64_t *slots, int6
     }
     return 0;
 }
+
+/* SiLU-and-multiply of the MLP: out[t][i] = silu(gate[t][i]) * up[t][i], with gate and up the two halves of the
+ * fused gate/up projection's row ([tokens, 2 * inter], contiguous) and out [tokens, inter]. silu(g) = g * s with
+ * s = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (exp16: its argument is never positive, so
+ * nothing overflows). bfloat16 rounds silu(g) to bfloat16 before the product and then the product, as torch's
+ * silu followed by mul_ does. One function for every row count, so a decoding row gets the same bits whether it
+ * runs with a prefill chunk, alone or in the native decode stack (engine/runner/decode_stack.c). */
+static inline v16 silu16(v16 g) {
+    const v16 zero = {0};
+    const v16i pos = g >= zero;
+    const v16 e = exp16(pick(pos, zero - g, g));
+    return g * (pick(pos, zero + 1.0f, e) / (e + 1.0f));
+}
+
+static inline float silu1(float g) {
+    v16 v = {0};
+    v[0] = g;
+    return silu16(v)[0];
+}
+
+int splitserve_silu_mul(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads) {
+    if (tokens < 0 || inter < 1 || (dtype != 0 && dtype != 1)) return -1;
+    const int nt = (int64_t)tokens * inter >= PARALLEL_ROWS * 1024 && threads > 1 ? threads : 1;
+    const int iv = inter - inter % 16;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < tokens; t++) {
+        if (dtype == 0) {
+            const float *g = (const float *)gate_up + (int64_t)t * 2 * inter, *u = g + inter;
+            float *o = (float *)out + (int64_t)t * inter;
+            for (int i = 0; i < iv; i += 16) store16f(o + i, silu16(load16f(g + i)) * load16f(u + i));
+            for (int i = iv; i < inter; i++) o[i] = silu1(g[i]) * u[i];
+        } else {
+            const uint16_t *g = (const uint16_t *)gate_up + (int64_t)t * 2 * inter, *u = g + inter;
+            uint16_t *o = (uint16_t *)out + (int64_t)t * inter;
+            for (int i = 0; i < iv; i += 16)
+                store16bf(o + i, round16bf(silu16(load16bf(g + i))) * load16bf(u + i));
+            for (int i = iv; i < inter; i++)
+                o[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(silu1(bf16_to_f32(g[i])))) * bf16_to_f32(u[i]));
+        }
+    }
+    return 0;
+}

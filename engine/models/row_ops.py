@@ -1,9 +1,9 @@
 """The native row kernels of a decoder layer (row_ops.c): RMSNorm (alone or fused with the residual add),
-rotate-half RoPE and the KV write into the pool's slots, for float32 and bfloat16 CPU tensors. The first two
-replace several small torch ops with one call each; at decode batch sizes those ops cost their dispatch and
-allocation, not their arithmetic. The KV write overlaps the cold writes torch's index_copy_ makes one by one.
-Callers check ``usable`` and otherwise take their pure-torch path (other devices and dtypes, hosts without a C
-compiler)."""
+rotate-half RoPE, the MLP's SiLU-and-multiply and the KV write into the pool's slots, for float32 and bfloat16
+CPU tensors. The first three replace several small torch ops with one call each; at decode batch sizes those ops
+cost their dispatch and allocation, not their arithmetic. The KV write overlaps the cold writes torch's
+index_copy_ makes one by one. Callers check ``usable`` and otherwise take their pure-torch path (other devices and
+dtypes, hosts without a C compiler)."""
 from __future__ import annotations
 
 import ctypes
@@ -31,6 +31,8 @@ def kernel() -> ctypes.CDLL | None:
         lib.splitserve_rope.restype = ctypes.c_int
         lib.splitserve_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
             [ctypes.c_int] * 5
+        lib.splitserve_silu_mul.restype = ctypes.c_int
+        lib.splitserve_silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
     return lib
 
 
@@ -55,6 +57,19 @@ def rope(lib: ctypes.CDLL, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                              dim, DTYPE_CODES[x.dtype], torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"RoPE kernel refused {x.dtype} x {tuple(x.shape)}")
+    return out
+
+
+def silu_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor | None:
+    """``silu(gate) * up`` of the fused projection's output [T, 2 * inter] (gate first), as a new [T, inter]
+    tensor; None for layouts the kernel does not take."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
+        return None
+    t, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(t, inter, dtype=gate_up.dtype)
+    if lib.splitserve_silu_mul(gate_up.data_ptr(), out.data_ptr(), t, inter, DTYPE_CODES[gate_up.dtype],
+                               torch.get_num_threads()) != 0:
+        raise RuntimeError(f"SiLU-and-mul kernel refused {gate_up.dtype} x {tuple(gate_up.shape)}")
     return out
 
 

@@ -11,6 +11,8 @@ import torch
 from engine.mem.kv_pool import KVPool
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionBackend, AttentionMeta, ExtendSeq
+from engine.runner.attention.torch_backend import TorchAttentionBackend
+from engine.runner.decode_stack import DecodeStack
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.spec.tree import depths, path
 
@@ -29,10 +31,13 @@ class ForwardOutput(NamedTuple):
 
 class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, backend: AttentionBackend, device: torch.device,
-                 hidden: bool = False) -> None:
+                 hidden: bool = False, decode_stack: bool = True) -> None:
         """``hidden``: every forward also returns the final hidden states of all its rows (a drafter that reads
-        the target's features, engine/spec/base.py)."""
+        the target's features, engine/spec/base.py). ``decode_stack``: steps of decode rows run their layers as
+        one native call where they can (decode_stack.py)."""
         self.hidden = hidden
+        self.stack = (DecodeStack.build(model, pool, backend.scale, backend.native_decode)
+                      if decode_stack and isinstance(backend, TorchAttentionBackend) else None)
         self.model = model
         self.pool = pool
         self.backend = backend
@@ -146,8 +151,13 @@ class ModelRunner:
         args = (torch.tensor(ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device))
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        hidden = self.model(*args, None, self.backend) if self.hidden else None
-        logits = self.model.head(hidden[rows]) if hidden is not None else self.model(*args, rows, self.backend)
+        if self.stack is not None and self.stack.takes(meta):
+            h, residual = self.stack.run(*args, meta)
+            hidden = self.model.tail(h, residual, None) if self.hidden else None
+            logits = self.model.head(hidden[rows]) if hidden is not None else self.model.tail(h, residual, rows)
+        else:
+            hidden = self.model(*args, None, self.backend) if self.hidden else None
+            logits = self.model.head(hidden[rows]) if hidden is not None else self.model(*args, rows, self.backend)
         prompt_logits, at = [], n_sampled
         for seq, _, n in prompt_rows:
             prompt_logits.append((seq, logits[at:at + n]))

@@ -5,7 +5,6 @@ and 64 greedy tokens that must equal ``model.generate``."""
 from __future__ import annotations
 
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,8 @@ NEW_TOKENS = 64
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                tiny_model_dir: Path) -> Path:
-    out = write_hf_checkpoint(tmp_path_factory.mktemp(request.param), **VARIANTS[request.param])
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(tiny_model_dir / name, out / name)
-    return out
+    return write_hf_checkpoint(tmp_path_factory.mktemp(request.param), **VARIANTS[request.param],
+                               tokenizer_from=tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,25 @@ def test_kv_write_refuses_a_slot_outside_the_pool_and_layouts_it_does_not_take()
     assert not kv_write(norm_kernel(), cache, other, torch.tensor([3, 4], dtype=torch.int32), k, k)
     assert not kv_write(norm_kernel(), cache, other, torch.tensor([3, 4]), k.transpose(1, 2).contiguous()
                         .transpose(1, 2), k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, inter", [(1, 1536), (4, 19), (300, 128)])
+def test_silu_mul_of_the_fused_projection_equals_torch(dtype: torch.dtype, rows: int, inter: int) -> None:
+    from engine.models.row_ops import silu_mul
+
+    gen = torch.Generator().manual_seed(rows + inter)
+    gate_up = (4 * torch.randn(rows, 2 * inter, generator=gen)).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, -88.5, 0.0, 90.0])  # far tails: no overflow, no NaN
+    gate, up = gate_up.chunk(2, dim=-1)
+    got = silu_mul(norm_kernel(), gate_up)
+    want = torch.nn.functional.silu(gate).mul_(up)
+    assert got is not None and got.shape == (rows, inter) and got.dtype == dtype and torch.isfinite(got).all()
+    if dtype == torch.float32:  # another exp: a few ulps
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:  # the same two roundings around another exp: rarely a bfloat16 step apart
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
+        differ = got != want
+        differ[0, :4] = False  # the tails' values under 1e-35 come from two exps that clamp differently
+        assert differ.float().mean() < 0.01
+    assert silu_mul(norm_kernel(), gate_up[:, 1:]) is None  # strided: the caller's torch path

@@ -6,7 +6,6 @@ same temperature and top-k) by a chi-square test at p = 1e-4; a token outside th
 from __future__ import annotations
 
 import math
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -38,9 +37,8 @@ def target_probs(model, prefix: list[int]) -> torch.Tensor:  # noqa: ANN001 - a 
 
 
 def test_verified_tokens_follow_the_target_distribution(tmp_path: Path, tiny_model_dir: Path) -> None:
-    ckpt = write_hf_checkpoint(tmp_path / "v8", "llama", vocab_size=VOCAB, init=0.15, seed=3)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(tiny_model_dir / name, ckpt / name)
+    ckpt = write_hf_checkpoint(tmp_path / "v8", "llama", vocab_size=VOCAB, init=0.15, seed=3,
+                               tokenizer_from=tiny_model_dir)
     spec = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=2)
     core = make_core(ckpt, max_total_tokens=16384, speculative=drafting_always(spec),
                      drafter=RandomDrafter(VOCAB, seed=1))

@@ -36,6 +36,11 @@ class TorchAttentionBackend(AttentionBackend):
         self._prefill = prefill
         self._prefill_args: tuple[torch.Tensor, ...] | None = None
 
+    @property
+    def native_decode(self) -> bool:
+        """Whether decode rows attend through the CPU decode kernel (cpu_decode.c)."""
+        return self._native is not None
+
     def begin(self, meta: AttentionMeta) -> None:
         self._meta = meta
         device = self.pool.data.device

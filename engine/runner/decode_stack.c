@@ -1,0 +1,132 @@
+/* A decode step's decoder layers in one native call: for every layer, the same kernels the Python layer calls one
+ * by one (engine/models/llama.py), in the same order, on the same inputs, so the rows come out bit-identical:
+ *
+ *   h = rms_norm(x [+ residual])            row_ops.c (the first layer copies x into the residual instead)
+ *   qkv = h @ Wqkv^T (+ b)                  few_rows_gemm.c
+ *   qk = rope(q and k inside qkv)           row_ops.c
+ *   pool[slots] = k, v                      row_ops.c
+ *   a = attention(q over each row's pages)  runner/attention/cpu_decode.c (draft tree paths included)
+ *   h = rms_norm(a @ Wo^T + residual)       few_rows_gemm.c, row_ops.c
+ *   x = (silu(gate) * up)(h @ Wgu^T) @ Wd^T few_rows_gemm.c, row_ops.c
+ *
+ * Why: at batch 1 those are ~10 calls a layer, 300 for SmolLM2's 30 layers, and each costs Python, ctypes and
+ * torch's dispatch and allocation (tens of microseconds together) while the arithmetic of a row is a few: in
+ * bfloat16 the few-rows GEMM read the weights in ~3.7 ms of an ~8 ms step. The kernels come in as function
+ * pointers from the libraries the Python path loaded, so both paths run the same machine code; this file only
+ * sequences them and owns the step's scratch. Rows are the step's decode rows (one per sequence, or a
+ * sequence's newest token and its draft nodes); x holds the embeddings on entry and the last layer's MLP output
+ * on return, residual the running sum (the model's final norm adds the two). Returns 0, or the first kernel's
+ * nonzero code (then the step's outputs are undefined, and the caller raises). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*gemm_fn)(const void *x, const void *w, const void *bias, void *y, int m, int n, int k, int threads);
+typedef int (*norm_fn)(const void *x, void *residual, const void *w, void *out, int rows, int dim, float eps,
+                       int dtype, int threads);
+typedef int (*rope_fn)(const void *x, int64_t row_stride, void *out, const void *cos_t, const void *sin_t,
+                       int tokens, int heads, int dim, int dtype, int threads);
+typedef int (*kv_fn)(void *k_cache, void *v_cache, const int64_t *slots, int64_t num_slots, const void *k,
+                     const void *v, int64_t rows, int64_t row_bytes, int64_t k_stride, int64_t v_stride,
+                     int threads);
+typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache, void *out,
+                       const int64_t *page_table, const int64_t *kv_lens, const int64_t *extra_slots,
+                       const int64_t *extra_lens, int batch, int num_heads, int num_kv_heads, int head_dim,
+                       int page_size, int max_pages, int max_extra, float scale, int dtype, int kv_dtype,
+                       int num_threads, int generic_only);
+typedef int (*act_fn)(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads);
+
+typedef struct {
+    const void *w, *b; /* dense weight [n, k], bias [n] or NULL */
+} Linear;
+
+typedef struct {
+    const void *ln1, *ln2; /* the input and post-attention norms' weights */
+    Linear qkv, o, gate_up, down;
+    void *k_cache, *v_cache; /* this layer's K and V: [num_slots, kv_heads, head_dim] */
+} Layer;
+
+typedef struct {
+    gemm_fn gemm;
+    norm_fn norm;
+    rope_fn rope;
+    kv_fn kv_write;
+    attn_fn attention;
+    act_fn act;
+    const Layer *layers;
+    int num_layers, hidden, heads, kv_heads, head_dim, inter, page_size, dtype;
+    int64_t num_slots;
+    float eps, scale;
+} Stack;
+
+typedef struct {
+    int rows, max_pages, max_extra, threads;
+    const void *cos, *sin;                                   /* [rows, head_dim] in the model's dtype */
+    const int64_t *slots, *page_table, *kv_lens, *extra_slots, *extra_lens; /* AttentionMeta's */
+} Step;
+
+/* The step's activations live in buffers of their own (x and the residual are copied in and out), each at a
+ * different offset within a 4 KiB page (SKEW apart): with them packed back to back, a float32 step of 4 rows ran
+ * 1.3x slower than the per-layer path (19.9 against 15.6 ms a step on a Zen 5 host), loads of one buffer
+ * presumably waiting on stores to another at the same address bits (4K aliasing); skewed, 12.7 against 16.0. */
+#define NBUF 9
+#define SKEW 320
+
+/* buffer i's share of the scratch: whole pages, the buffer starting SKEW * (i + 1) bytes into the first */
+static int64_t buffer_bytes(int64_t bytes, int i) { return (bytes + SKEW * (i + 1) + 4095) / 4096 * 4096; }
+
+#define CHECK(call) \
+    do { \
+        const int rc_ = (call); \
+        if (rc_) { \
+            free(scratch); \
+            return rc_; \
+        } \
+    } while (0)
+
+int splitserve_decode_stack(const Stack *s, const Step *st, void *x_io, void *residual_io) {
+    const int t = st->rows, d = s->head_dim, q = s->heads * d, kv = s->kv_heads * d, qkv = q + 2 * kv;
+    const int64_t es = s->dtype ? 2 : 4;
+    const int64_t sizes[NBUF] = {(int64_t)t * s->hidden, (int64_t)t * s->hidden, (int64_t)t * s->hidden,
+                                 (int64_t)t * qkv, (int64_t)t * (q + kv), (int64_t)t * q, (int64_t)t * q,
+                                 (int64_t)t * 2 * s->inter, (int64_t)t * s->inter};
+    int64_t total = 0;
+    for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i] * es, i);
+    char *scratch = aligned_alloc(4096, (size_t)total);
+    if (!scratch) return -2;
+    char *buf[NBUF], *at = scratch;
+    for (int i = 0; i < NBUF; i++) {
+        buf[i] = at + SKEW * (i + 1);
+        at += buffer_bytes(sizes[i] * es, i);
+    }
+    char *x = buf[0], *residual = buf[1], *h = buf[2], *qkv_out = buf[3], *qk = buf[4], *qc = buf[5],
+         *attn = buf[6], *gu = buf[7], *act = buf[8];
+    memcpy(x, x_io, (size_t)(sizes[0] * es));
+    const int nt = st->threads;
+    for (int l = 0; l < s->num_layers; l++) {
+        const Layer *L = &s->layers[l];
+        if (l == 0) {
+            memcpy(residual, x, (size_t)(sizes[0] * es));
+            CHECK(s->norm(x, NULL, L->ln1, h, t, s->hidden, s->eps, s->dtype, nt));
+        } else {
+            CHECK(s->norm(x, residual, L->ln1, h, t, s->hidden, s->eps, s->dtype, nt));
+        }
+        CHECK(s->gemm(h, L->qkv.w, L->qkv.b, qkv_out, t, qkv, s->hidden, nt));
+        CHECK(s->rope(qkv_out, qkv, qk, st->cos, st->sin, t, s->heads + s->kv_heads, d, s->dtype, nt));
+        CHECK(s->kv_write(L->k_cache, L->v_cache, st->slots, s->num_slots, qk + (int64_t)q * es,
+                          qkv_out + (int64_t)(q + kv) * es, t, kv * es, (int64_t)(q + kv) * es, qkv * es, nt));
+        for (int r = 0; r < t; r++) memcpy(qc + (int64_t)r * q * es, qk + (int64_t)r * (q + kv) * es, (size_t)(q * es));
+        CHECK(s->attention(qc, L->k_cache, L->v_cache, attn, st->page_table, st->kv_lens, st->extra_slots,
+                           st->extra_lens, t, s->heads, s->kv_heads, d, s->page_size, st->max_pages, st->max_extra,
+                           s->scale, s->dtype, s->dtype, nt, 0));
+        CHECK(s->gemm(attn, L->o.w, L->o.b, x, t, s->hidden, q, nt));
+        CHECK(s->norm(x, residual, L->ln2, h, t, s->hidden, s->eps, s->dtype, nt));
+        CHECK(s->gemm(h, L->gate_up.w, L->gate_up.b, gu, t, 2 * s->inter, s->hidden, nt));
+        CHECK(s->act(gu, act, t, s->inter, s->dtype, nt));
+        CHECK(s->gemm(act, L->down.w, L->down.b, x, t, s->hidden, s->inter, nt));
+    }
+    memcpy(x_io, x, (size_t)(sizes[0] * es));
+    memcpy(residual_io, residual, (size_t)(sizes[0] * es));
+    free(scratch);
+    return 0;
+}

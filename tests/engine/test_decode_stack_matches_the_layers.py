@@ -1,0 +1,126 @@
+"""The native decode stack (engine/runner/decode_stack.c) computes what the per-layer path computes, bit for bit:
+every forward of a mixed run (decode rows alone, decode rows beside prefill chunks, draft-tree verifications whose
+rows attend over paths out of storage order, retraction in a tight pool) runs both ways on the same batch and the
+logits compare equal, on the tiny Llama and on a Qwen2 checkpoint (QKV bias). The stack takes the steps of decode
+rows only, at the row counts every layer's few-rows GEMM takes, and is left out with ``--decode-stack off``, for
+Qwen3's per-head norms and under a KV pool narrower than the model. SmolLM2 in float32 and bfloat16:
+tests/real_model/test_smollm2_decode_stack_matches_the_layers.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.engine_core import EngineCore
+from engine.runner.attention.base import AttentionMeta, ExtendSeq
+from engine.runner.decode_stack import DecodeStack
+from engine.sampling_params import SamplingParams
+from tests.drafters import TreeDrafter, drafting_always
+from tests.engine.conftest import make_core
+from tests.engine.test_speculative_decoding_is_lossless import NGRAM, params, prompts, run
+from tests.helpers import write_hf_checkpoint
+
+
+class BothPaths:
+    """Runs every forward of ``core`` with the stack and again without it (the second writes the same K/V to the
+    same slots) and asserts equal outputs; counts the forwards and those the stack took."""
+
+    def __init__(self, core: EngineCore) -> None:
+        runner = core.runner
+        stack = runner.stack
+        assert stack is not None, "the stack was meant to be built"
+        self.forwards = self.stacked = 0
+        forward, run_stack = runner.forward, stack.run
+
+        def counted(*args):  # noqa: ANN002, ANN202
+            self.stacked += 1
+            return run_stack(*args)
+        stack.run = counted  # type: ignore[method-assign]
+
+        def both(batch):  # noqa: ANN001, ANN202
+            self.forwards += 1
+            got = forward(batch)
+            runner.stack = None
+            try:
+                want = forward(batch)
+            finally:
+                runner.stack = stack
+            assert torch.equal(got.logits, want.logits)
+            assert [id(s) for s in got.sampled] == [id(s) for s in want.sampled]
+            for (_, a), (_, b) in zip(got.prompt_logits, want.prompt_logits, strict=True):
+                assert torch.equal(a, b)
+            assert (got.hidden is None) == (want.hidden is None)
+            if got.hidden is not None:
+                assert torch.equal(got.hidden, want.hidden)
+            return got
+        runner.forward = both  # type: ignore[method-assign]
+
+
+def check_mixed_run(core: EngineCore, n: int = 8) -> BothPaths:
+    both = BothPaths(core)
+    run(core, prompts(n), [params(i) for i in range(n)])
+    assert both.stacked > 0, "no step was all decode rows at a count the stack takes"
+    assert both.stacked < both.forwards, "prefill steps go through the layers"
+    return both
+
+
+@pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
+def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, pool: int) -> None:
+    ref = run(make_core(tiny_model_dir), prompts(8), [params(i) for i in range(8)])
+    core = make_core(tiny_model_dir, chunk=8, max_total_tokens=pool, speculative=drafting_always(NGRAM),
+                     drafter=TreeDrafter({r.rid: r.output_ids for r in ref}, 4000))
+    check_mixed_run(core)
+    if pool == 160:
+        assert core.scheduler.num_retractions > 0, "the tight pool was meant to retract"
+
+
+def test_plain_decoding_with_prompt_logprobs_matches(tiny_model_dir: Path) -> None:
+    core = make_core(tiny_model_dir, chunk=16)
+    both = BothPaths(core)
+    reqs = [core.make_request(p, SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2,
+                                                prompt_logprobs=1 if i % 2 else None), detokenize=False)
+            for i, p in enumerate(prompts(6))]
+    for r in reqs:
+        core.add_request(r)
+    for _ in range(500):
+        if all(r.finished for r in reqs):
+            break
+        core.step()
+    assert all(r.finished for r in reqs) and both.stacked > 0
+
+
+def test_a_qwen2_checkpoint_with_qkv_bias_matches(tmp_path: Path, tiny_model_dir: Path) -> None:
+    ckpt = write_hf_checkpoint(tmp_path / "qwen2", "qwen2", vocab_size=4096, tokenizer_from=tiny_model_dir)
+    core = make_core(ckpt, speculative=drafting_always(NGRAM))
+    assert core.model.layers[0].self_attn.qkv_proj.bias is not None
+    check_mixed_run(core)
+
+
+def _core(model_dir: Path, **model: object) -> EngineCore:
+    cache = {k: model.pop(k) for k in list(model) if k == "kv_cache_dtype"}
+    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), **model),  # type: ignore[arg-type]
+                                   CacheConfig(page_size=4, max_total_tokens=2048, **cache)))  # type: ignore[arg-type]
+
+
+def test_the_stack_is_left_out_where_it_does_not_apply(tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert isinstance(_core(tiny_model_dir).runner.stack, DecodeStack)
+    assert _core(tiny_model_dir, decode_stack="off").runner.stack is None
+    assert _core(tiny_model_dir, kv_cache_dtype="bfloat16").runner.stack is None  # the K/V would need converting
+    qwen3 = write_hf_checkpoint(tmp_path / "qwen3", "qwen3", tokenizer_from=tiny_model_dir)
+    assert _core(qwen3).runner.stack is None  # per-head QK norms
+
+
+def test_the_stack_takes_only_decode_rows_at_its_row_counts(tiny_model_dir: Path) -> None:
+    stack = _core(tiny_model_dir).runner.stack
+    assert stack is not None and stack.rows
+    inside, outside = min(stack.rows), max(stack.rows) + 1
+
+    def meta(decodes: int, extends: tuple[ExtendSeq, ...] = ()) -> AttentionMeta:
+        rows = decodes + sum(e.q_len for e in extends)
+        return AttentionMeta(torch.arange(rows), decodes, torch.ones(decodes, dtype=torch.long),
+                             torch.ones(decodes, 1, dtype=torch.long), extends)
+    assert stack.takes(meta(inside))
+    assert not stack.takes(meta(outside))
+    assert not stack.takes(meta(inside, (ExtendSeq(inside, 3, 3, torch.tensor([1])),)))
