@@ -13,9 +13,11 @@ host does not fall on one engine only; one server runs at a time, so the other's
 Both get the same KV budget: vLLM ``VLLM_CPU_KVCACHE_SPACE`` GiB, ours the same bytes as ``--max-total-tokens``.
 vLLM runs in two layouts (vllm_env): its default ("vllm": one core for the model, one for its server processes)
 and with its model threads on every core ("vllm_allcores"), as ours runs. Reported: the client's mean TTFT and
-mean time per output token, the batch-64 job's duration, the start-up time and memory, and per row vLLM / ours
-(above 1: ours is better). ``--base REV`` adds engine "base": our server from a git worktree at REV, measured
-the same way, so a change to our server is an A/B with the same client in the same run.
+mean time per output token, the batch-64 job's duration, the start-up time and memory, batch-1 time per token
+over the floor of reading the weights once at the best read bandwidth sampled during the run
+(weight_read_floor_ms), and per row vLLM / ours (above 1: ours is better). ``--base REV`` adds engine "base":
+our server from a git worktree at REV, measured the same way, so a change to our server is an A/B with the same
+client in the same run.
 
     scripts/peers/setup_vllm_cpu.sh                  # the peer, in .peers/vllm-cpu
     python -m benchmarks.bench_vs_vllm --dtypes float32 bfloat16
@@ -35,7 +37,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Process, machine, model_config, model_dir, table, write_json
+from benchmarks.bench_engine import count_params
+from benchmarks.common import Process, machine, model_config, model_dir, read_gbps, table, write_json
 from benchmarks.export_checkpoint import export
 from deploy.process import process_tree, pss_bytes
 
@@ -48,6 +51,7 @@ ENGINES: dict[str, str | None] = {"ours": None, "vllm": "auto", "vllm_allcores":
 # (row name, phase, key in the client's result JSON); lower is better for all
 ROWS = [("batch 1: TPOT ms", "b1", "mean_tpot_ms"), ("batch 1: TTFT ms", "b1", "mean_ttft_ms"),
         ("batch 64: whole job s", "b64", "duration"), ("batch 64: mean TTFT ms", "b64", "mean_ttft_ms"),
+        ("batch 1: TPOT / weight-read floor", "b1", "tpot_over_floor"),
         ("batch 64: TPOT ms", "b64", "mean_tpot_ms"), ("start-up until /health s", "start", "ready_s"),
         ("memory after the job MB (PSS)", "start", "memory_mb")]
 
@@ -162,22 +166,38 @@ def main() -> None:
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
+    reads: list[float] = []  # the read bandwidth, sampled before each server: the host's moves by 1.5x over minutes
+    measured: dict[str, dict[str, list[dict[str, dict[str, Any]]]]] = {}
     for dtype in args.dtypes:
-        runs: dict[str, list[dict[str, dict[str, Any]]]] = {e: [] for e in args.engines}
+        runs = measured[dtype] = {e: [] for e in args.engines}
         for rep in range(args.repeats):
             for engine in args.engines[rep % len(args.engines):] + args.engines[:rep % len(args.engines)]:
+                reads.append(read_gbps(seconds=0.5))
                 runs[engine].append(measure(engine, args, dtype))
                 raw.append({"dtype": dtype, "repeat": rep, "engine": engine, **runs[engine][-1]})
+    for dtype, runs in measured.items():
+        floor = weight_read_floor_ms(args.model, dtype, max(reads))
+        for r in (r for engine_runs in runs.values() for r in engine_runs):
+            r["b1"]["tpot_over_floor"] = r["b1"]["mean_tpot_ms"] / floor["floor_ms"]
+        raw.append({"dtype": dtype, "floor": floor, "read_gbps_samples": reads})
+        print(f"{dtype}: batch-1 floor {floor['floor_ms']:.2f} ms a token ({floor['weight_mb']:.0f} MB of weights at "
+              f"{floor['read_gbps']:.1f} GB/s, the best of {len(reads)} samples)", flush=True)
         for label, phase, key in ROWS:
             row: dict[str, Any] = {"dtype": dtype, "row": label}
             for engine in args.engines:
-                row[engine] = round(statistics.median(r[phase][key] for r in runs[engine]), 1)
+                row[engine] = round(statistics.median(r[phase][key] for r in runs[engine]), 2 if "/" in label else 1)
             for engine in args.engines:
                 if engine != "ours" and "ours" in runs:
                     row[f"{engine}/ours"] = round(row[engine] / row["ours"], 2)
             rows.append(row)
-        print(table(rows[-len(ROWS):], list(rows[-1])), flush=True)
     return rows, raw
+
+
+def weight_read_floor_ms(model: str, dtype: str, gbps: float) -> dict[str, float]:
+    """What a batch-1 decode step cannot beat: reading every matmul weight once (the LM head included; the
+    embedding lookup reads a row) at ``gbps``, the best read bandwidth sampled during the run (read_gbps)."""
+    weight_bytes = (count_params(model_dir(model))[1] or 0) * DTYPE_BYTES[dtype]
+    return {"weight_mb": weight_bytes / 1e6, "read_gbps": gbps, "floor_ms": weight_bytes / gbps / 1e6}
 
 
 if __name__ == "__main__":

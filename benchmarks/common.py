@@ -100,6 +100,31 @@ def copy_gbps(mib: int = 256, seconds: float = 1.0) -> float:
     return 2 * src.numel() * 4 * count / (time.perf_counter() - start) / 1e9  # read + write
 
 
+def read_gbps(mib: int = 512, seconds: float = 1.0) -> float:
+    """This machine's read bandwidth, the best pass of the faster of two readers over ``mib`` MiB, far more than
+    the caches hold: a sum (torch's threads) over one buffer, and the engine's few-rows GEMM (one row, its
+    weight stream prefetched) over distinct 4,096 x 1,024 float32 matrices, as a batch-1 decode step reads the
+    weights. On a Zen 5 host (2 cores) the sum read ~48 GB/s and the GEMM ~80."""
+    from engine.models.linear import few_rows_gemm, few_rows_kernel
+
+    src = torch.ones(mib * 1024 * 1024 // 4)
+    readers: list[tuple[Callable[[], Any], int]] = [(src.sum, src.numel() * 4)]
+    lib = few_rows_kernel()
+    if lib is not None:
+        mats = list(src.view(-1, 4096, 1024))
+        x = torch.ones(1, 1024)
+        readers.append((lambda: [few_rows_gemm(lib, x, w, None) for w in mats], src.numel() * 4))
+    best = 0.0
+    for read, nbytes in readers:
+        read()
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            read()
+            best = max(best, nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def machine() -> dict[str, Any]:
     return {"cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "platform": platform.platform(),
             "processor": platform.processor(), "torch": torch.__version__, "python": platform.python_version()}
