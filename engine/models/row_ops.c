@@ -151,6 +151,23 @@ static inline float silu1(float g) {
     return silu16(v)[0];
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+/* 16 bfloat16 lanes: VCVTNEPS2BF16 rounds to nearest even, as f32_to_bf16 does (NaNs stay NaNs, their bits may
+ * differ); 2.5x fewer instructions than the generic conversions, which made this loop slower than torch's */
+static inline v16 widen_bf16(const uint16_t *p) {
+    return (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+}
+static inline void silu_mul16_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
+    const __m512 s = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh((__m512)silu16(widen_bf16(g))));
+    _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, (__m512)widen_bf16(u))));
+}
+#else
+static inline void silu_mul16_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
+    store16bf(o, round16bf(silu16(load16bf(g))) * load16bf(u));
+}
+#endif
+
 int splitserve_silu_mul(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads) {
     if (tokens < 0 || inter < 1 || (dtype != 0 && dtype != 1)) return -1;
     const int nt = (int64_t)tokens * inter >= PARALLEL_ROWS * 1024 && threads > 1 ? threads : 1;
@@ -165,8 +182,7 @@ int splitserve_silu_mul(const void *gate_up, void *out, int tokens, int inter, i
         } else {
             const uint16_t *g = (const uint16_t *)gate_up + (int64_t)t * 2 * inter, *u = g + inter;
             uint16_t *o = (uint16_t *)out + (int64_t)t * inter;
-            for (int i = 0; i < iv; i += 16)
-                store16bf(o + i, round16bf(silu16(load16bf(g + i))) * load16bf(u + i));
+            for (int i = 0; i < iv; i += 16) silu_mul16_bf16(g + i, u + i, o + i);
             for (int i = iv; i < inter; i++)
                 o[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(silu1(bf16_to_f32(g[i])))) * bf16_to_f32(u[i]));
         }
