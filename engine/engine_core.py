@@ -146,7 +146,8 @@ class EngineCore:
         if drafter is not None:
             drafter.allocate((num_pages - 1) * page, page)
             k = cfg.speculative.speculative_num_draft_tokens
-            prior = measure_prior(self.runner.forward, self.allocator, page, k, drafter.time_forward())
+            prior = measure_prior(self.runner.forward, self.allocator, page, k, drafter.time_forward(),
+                                  drafter.time_catch_up())
             self.spec = Speculator(cfg.speculative, drafter, self.arch.vocab_size, prior)
         self._special_ids = frozenset(self.tokenizer.hf.all_special_ids)
         self.role = role(self) if role is not None else EngineRole()

@@ -38,6 +38,16 @@ class Drafter(ABC):
         ``allocate``; engine/spec/prior.py); empty for a drafter that runs no model."""
         return {}
 
+    def time_catch_up(self) -> float:
+        """Seconds per token to read a request's tokens the drafter has not seen (a draft model prefilling a
+        prompt), timed once at load; 0 for a drafter that needs no such reading."""
+        return 0.0
+
+    def pending_tokens(self, req: Request) -> int:
+        """Tokens of ``req`` (prompt and output) the drafter has not read yet: what its next proposals for it
+        must catch up on before they can draft."""
+        return 0
+
     def observe_hidden(self, req: Request, start: int, hidden: torch.Tensor) -> None:
         """(``wants_hidden_states``) The target's final hidden states (after its last norm, before its LM head) of
         ``req``'s positions ``start``, ``start + 1``, ...: of every prompt chunk and decode as it is computed, and

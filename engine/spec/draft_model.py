@@ -37,12 +37,13 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.scheduler.kv_manager import pages_for
 from engine.spec.base import Drafter
-from engine.spec.prior import BATCHES, time_shapes
+from engine.spec.prior import BATCHES, time_extend, time_shapes
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 PREFILL_BUDGET = 512  # draft-model prompt tokens computed per step, across requests
+CATCH_UP_PROBE = 256  # prompt tokens of the extend timed at load for the catch-up's cost per token
 _PLAIN = SamplingParams()
 
 
@@ -185,6 +186,14 @@ class DraftModelDrafter(Drafter):
     def time_forward(self) -> dict[int, float]:
         assert self.runner is not None and self.allocator is not None, "allocate() comes first"
         return time_shapes(self.runner.forward, self.allocator, self.page_size, [(b, 1) for b in BATCHES])
+
+    def time_catch_up(self) -> float:
+        assert self.runner is not None and self.allocator is not None, "allocate() comes first"
+        return time_extend(self.runner.forward, self.allocator, self.page_size, CATCH_UP_PROBE) / CATCH_UP_PROBE
+
+    def pending_tokens(self, req: Request) -> int:
+        sh = self._shadows.get(req)
+        return max(0, req.seq_len - (0 if sh is None else sh.seq.kv_len))
 
     def release(self, req: Request) -> None:
         sh = self._shadows.pop(req, None)

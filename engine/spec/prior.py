@@ -38,6 +38,7 @@ class CostPrior:
     target: dict[int, float]  # rows of a target step -> seconds
     draft: dict[int, float]  # requests in one draft forward -> seconds (empty: the drafter costs no forwards)
     k: int  # the draft length the verified shapes were timed with
+    catch_up: float = 0.0  # the drafter's seconds per token of a request it has not read yet (Drafter.time_catch_up)
 
     def best_gain(self) -> float | None:
         """Tokens per second at batch 1 with all k drafts accepted, over plain decoding's (None: not timed)."""
@@ -73,6 +74,30 @@ def time_step(forward: Callable[[ScheduledBatch], object], allocator: PageAlloca
             s.req.pages = []
 
 
+def time_extend(forward: Callable[[ScheduledBatch], object], allocator: PageAllocator, page_size: int,
+                tokens: int) -> float:
+    """The fastest of ``REPEATS`` forwards (after one untimed) computing one scratch prompt of ``tokens`` tokens
+    from its start, as a prefill chunk; 0.0 where the pool lacks the pages."""
+    need = pages_for(tokens, page_size)
+    if need > allocator.available:
+        return 0.0
+    req = Request("spec-prior-extend", [0] * tokens, _PLAIN, 1)
+    req.pages = allocator.alloc(need) or []
+    try:
+        best = float("inf")
+        for attempt in range(1 + REPEATS):
+            start = time.perf_counter()
+            forward(ScheduledBatch([ScheduledSeq(req, 0, tokens, True)]))
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            if attempt:
+                best = min(best, time.perf_counter() - start)
+        return best
+    finally:
+        allocator.free(req.pages)
+        req.pages = []
+
+
 def time_shapes(forward: Callable[[ScheduledBatch], object], allocator: PageAllocator, page_size: int,
                 shapes: Iterable[tuple[int, int]]) -> dict[int, float]:
     """Total rows -> fastest seconds for each (batch, rows per sequence) shape that fits the pool. The shapes
@@ -94,7 +119,7 @@ def target_shapes(k: int) -> list[tuple[int, int]]:
 
 
 def measure(forward: Callable[[ScheduledBatch], object], allocator: PageAllocator, page_size: int, k: int,
-            draft: dict[int, float]) -> CostPrior:
-    """The prior for a target whose step is ``forward``, with ``draft`` the drafter's own timings
-    (``Drafter.time_forward``)."""
-    return CostPrior(time_shapes(forward, allocator, page_size, target_shapes(k)), draft, k)
+            draft: dict[int, float], catch_up: float = 0.0) -> CostPrior:
+    """The prior for a target whose step is ``forward``, with ``draft`` and ``catch_up`` the drafter's own
+    timings (``Drafter.time_forward``, ``Drafter.time_catch_up``)."""
+    return CostPrior(time_shapes(forward, allocator, page_size, target_shapes(k)), draft, k, catch_up)

@@ -14,9 +14,10 @@ A constrained request's drafts are cut at the first token its grammar refuses, s
 one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
 transfer still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the
 expected tokens per second with its drafts, its own time counted (learnt like the step's, by drafted tokens),
-beat plain decoding; the probe steps draft regardless, so the estimate follows the requests' acceptance, and
-while the gate stays shut each probe comes twice as late as the last (64 steps up to 2048), and drafts for one
-request only, so a draft model that does not pay costs little more than its memory.
+beat plain decoding, with the drafter's first reading of a request (a draft model prefilling its prompt) spread
+over the request's remaining output (``_catch_up``); the probe steps draft regardless, so the estimate follows
+the requests' acceptance, and while the gate stays shut each probe comes twice as late as the last (64 steps up
+to 2048), and drafts for one request only, so a draft model that does not pay costs little more than its memory.
 
 The cost models do not start empty: at load the engine times plain and verified steps, and a draft model's
 forward, over scratch pages (engine/spec/prior.py), so the first requests are decided on this host's costs. A
@@ -92,6 +93,7 @@ class Speculator:
         self._steps = 0
         self._probe_every = PROBE_EVERY
         self._next_probe = PROBE_EVERY
+        self.catch_up = prior.catch_up if prior else 0.0  # the drafter's seconds per token it has not read
         self.best_gain: float | None = None  # the prior's most speculation could gain at batch 1 (None: no prior)
         self.hopeless = False  # the prior says the drafter cannot pay here: it never drafts
         if prior is not None:
@@ -102,12 +104,14 @@ class Speculator:
         self.verifications = 0  # drafted requests verified (one per request per step)
 
     def _seed(self, prior: CostPrior) -> None:
-        """Log the load-time timings; a drafter that could not pay even with every draft accepted is turned off (its probes, each catching a request's prompt up in the draft, cost SmolLM2 at
-        batch 16 up to 14% of its decode tokens/s while drafting nothing)."""
+        """Log the load-time timings; a drafter that could not pay even with every draft accepted is turned off
+        (its probes, each catching a request's prompt up in the draft, cost SmolLM2 at batch 16 up to 14% of its
+        decode tokens/s while drafting nothing)."""
         self.best_gain = prior.best_gain()
-        log.info("speculation: drafter=%s, target step ms by rows %s, draft forward ms by requests %s, best gain %s",
-                 self.drafter.name, {r: round(1e3 * t, 2) for r, t in prior.target.items()},
-                 {b: round(1e3 * t, 2) for b, t in prior.draft.items()},
+        log.info("speculation: drafter=%s, target step ms by rows %s, draft forward ms by requests %s, catch-up ms "
+                 "a token %.3f, best gain %s", self.drafter.name,
+                 {r: round(1e3 * t, 2) for r, t in prior.target.items()},
+                 {b: round(1e3 * t, 2) for b, t in prior.draft.items()}, 1e3 * prior.catch_up,
                  None if self.best_gain is None else round(self.best_gain, 2))
         if self.best_gain is not None and self.best_gain < 1 + MARGIN and self._adaptive and prior.draft:
             self.hopeless = True
@@ -196,9 +200,22 @@ class Speculator:
         own = self.draft_cost.estimate(asked) or 0.0
         if own < CHEAP * base:
             return True
-        spent = (self.cost.estimate(decodes + asked) or 0.0) + own
+        spent = (self.cost.estimate(decodes + asked) or 0.0) + own + sum(self._catch_up(s.req, k) for s, k in chosen)
         tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
         return spent <= 0 or tokens / spent > (1 + MARGIN) * decodes / base
+
+    def _catch_up(self, req: Request, k: int) -> float:
+        """A step's share of what drafting for ``req`` first costs the drafter: reading the tokens of it not yet
+        read (a draft model prefilling the prompt: once per request, so spread over the steps the request has
+        left, each expected to give it 1 + its expected accepted drafts). What a verification emits (up to
+        k + 1 tokens) is drafting work, counted in the drafter's own time. Without this a draft model on long
+        prompts drafted on the promise of its per-token costs and lost: SmolLM2 drafting for itself, float32
+        batch 4 on the copy prompts (~1,000 tokens each), 0.87x plain decoding."""
+        pending = self.drafter.pending_tokens(req) - (k + 1)
+        if pending <= 0 or self.catch_up <= 0:
+            return 0.0
+        left = max(1, req.max_new_tokens - len(req.output_ids))
+        return pending * self.catch_up / max(1.0, left / (1 + expected_accepted(self._track(req).ema, k)))
 
     def _checked(self, req: Request, tree: DraftTree, depth: int) -> DraftTree:
         """The draft without the nodes deeper than ``depth``, outside the vocabulary or refused by the request's

@@ -1,7 +1,8 @@
 """The speculator's policy, fed known costs: a drafter with a time of its own drafts only while its drafts are
 expected to raise tokens per second with that time counted (a slow draft model with middling acceptance does not;
-a fast one does; a drafter costing next to nothing is left to the per-draft choice), and a new request's
-acceptance prior is the acceptance seen over all requests so far."""
+a fast one does; a drafter costing next to nothing is left to the per-draft choice; one that must first read a
+long prompt drafts only for a request with output enough left to repay it), and a new request's acceptance prior
+is the acceptance seen over all requests so far."""
 from __future__ import annotations
 
 from engine.config import SpeculativeConfig
@@ -172,3 +173,40 @@ def test_a_probe_where_rows_cost_a_decode_each_verifies_one_draft_token_per_requ
     late = lengths[16:]
     assert late and set(late) == {1}, lengths
     core.check_integrity()
+
+
+class CatchingUp(RandomDrafter):
+    """A drafter that has read none of a request's tokens and reads them at ``per_token`` seconds each."""
+
+    def __init__(self, per_token: float) -> None:
+        super().__init__(100)
+        self.per_token = per_token
+
+    def time_catch_up(self) -> float:
+        return self.per_token
+
+    def pending_tokens(self, req: Request) -> int:
+        return req.seq_len
+
+
+def test_a_drafter_that_must_first_read_a_long_prompt_drafts_only_for_a_long_output() -> None:
+    from engine.spec.prior import CostPrior
+
+    def spec_for(per_token: float) -> Speculator:
+        spec = Speculator(CFG, CatchingUp(per_token), 100, CostPrior({1: 0.010, 5: 0.011}, {1: 0.004}, 4, per_token))
+        for _ in range(20):
+            spec.draft_cost.observe(4, 0.016)
+        return spec
+    # a draft forward of 4 ms, 4 drafts all but surely accepted: 5 tokens for 27 ms against 10 ms a token
+    short = Request("short", [5] * 1000, SamplingParams(temperature=0), 64, output_ids=[8])
+    long = Request("long", [5] * 1000, SamplingParams(temperature=0), 4096, output_ids=[8])
+    ready = Request("ready", [5, 6, 7], SamplingParams(temperature=0), 64, output_ids=[8])
+    spec = spec_for(0.0003)  # 0.3 s to read a 1,000-token prompt
+    for req in (short, long, ready):
+        spec._track(req).ema = 0.95
+    assert not spec._pays(1, [(decoding(short), 4)]), "63 tokens left cannot repay the prompt's reading"
+    assert spec._pays(1, [(decoding(long), 4)]), "4,095 tokens left can"
+    assert spec._pays(1, [(decoding(ready), 4)]), "a prompt of 3 tokens is drafting work, not catching up"
+    free = spec_for(0.0)
+    free._track(short).ema = 0.95
+    assert free._pays(1, [(decoding(short), 4)])

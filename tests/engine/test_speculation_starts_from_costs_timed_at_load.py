@@ -1,6 +1,6 @@
-"""At load, a speculating engine times plain and verified steps (and a draft model's forward) over scratch pages,
-so its first decisions follow this host's costs: every timed shape is in the cost model before the first request,
-the pools are idle afterwards, a drafter timed as too slow to ever pay does not draft at all (not even to
+"""At load, a speculating engine times plain and verified steps (and a draft model's forward and its reading of a
+prompt) over scratch pages, so its first decisions follow this host's costs: every timed shape is in the cost
+model before the first request, the pools are idle afterwards, a drafter timed as too slow to ever pay does not draft at all (not even to
 probe), a probe while drafting does not pay drafts for one request only, and
 ``--speculative-policy acceptance`` drafts regardless of the costs."""
 from __future__ import annotations
@@ -31,6 +31,7 @@ def test_every_timed_shape_is_known_before_the_first_request(tiny_model_dir: Pat
     for rows in (b * r for b in BATCHES for r in (1, 1 + K)):
         assert rows in spec.cost._prior, f"a {rows}-row step was not timed"
     assert not spec.draft_cost._prior, "the n-gram drafter runs no forward to time"
+    assert spec.catch_up == 0.0, "nor reads a prompt before drafting"
 
 
 def test_a_draft_models_forward_is_timed_too_and_both_pools_stay_idle(tiny_model_dir: Path) -> None:
@@ -39,8 +40,11 @@ def test_a_draft_models_forward_is_timed_too_and_both_pools_stay_idle(tiny_model
     assert sorted(spec.draft_cost._prior) == [b * K for b in BATCHES]
     assert all(seconds > 0 for seconds in spec.draft_cost._prior.values())
     assert spec.best_gain is not None and spec.best_gain > 0  # its value is a timing: not asserted
+    assert spec.catch_up > 0, "reading a prompt into the draft model was timed"
     assert core.allocator.available == core.allocator.capacity
     draft_pool_idle(core)
+    req = core.make_request(list(range(10, 60)), SamplingParams(max_new_tokens=1), detokenize=False)
+    assert core.spec.drafter.pending_tokens(req) == 50, "a request the draft model never saw: all of it"
 
 
 class _TimedSlow(RandomDrafter):
