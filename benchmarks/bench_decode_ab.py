@@ -167,8 +167,8 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:  # the 150M model's attention
         heads, kv_heads, dim, layers = 12, 4, 64, 12
     page = args.page_size
-    bodies = ({"this": (lib, False), args.kernel_base: (source_at(args.kernel_base, DECODE_SOURCE, lib), False)} if args.kernel_base
-              else {"avx512": (lib, False), "generic": (lib, True)})
+    bodies = ({"this": (lib, False), args.kernel_base: (source_at(args.kernel_base, DECODE_SOURCE, lib), False)}
+              if args.kernel_base else {"avx512": (lib, False), "generic": (lib, True)})
     pages_per_seq = -(-args.context // page)
     num_pages = args.batch * pages_per_seq + 1
     gen = torch.Generator().manual_seed(0)

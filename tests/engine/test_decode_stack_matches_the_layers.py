@@ -98,10 +98,9 @@ def test_a_qwen2_checkpoint_with_qkv_bias_matches(tmp_path: Path, tiny_model_dir
     check_mixed_run(core)
 
 
-def _core(model_dir: Path, **model: object) -> EngineCore:
-    cache = {k: model.pop(k) for k in list(model) if k == "kv_cache_dtype"}
-    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), **model),  # type: ignore[arg-type]
-                                   CacheConfig(page_size=4, max_total_tokens=2048, **cache)))  # type: ignore[arg-type]
+def _core(model_dir: Path, decode_stack: str = "auto", kv_cache_dtype: str = "auto") -> EngineCore:
+    return EngineCore(EngineConfig(ModelConfig(model_path=str(model_dir), decode_stack=decode_stack),
+                                   CacheConfig(page_size=4, max_total_tokens=2048, kv_cache_dtype=kv_cache_dtype)))
 
 
 def test_the_stack_is_left_out_where_it_does_not_apply(tiny_model_dir: Path, tmp_path: Path) -> None:

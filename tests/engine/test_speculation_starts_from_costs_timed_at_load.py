@@ -1,7 +1,7 @@
 """At load, a speculating engine times plain and verified steps (and a draft model's forward and its reading of a
 prompt) over scratch pages, so its first decisions follow this host's costs: every timed shape is in the cost
-model before the first request, the pools are idle afterwards, a drafter timed as too slow to ever pay does not draft at all (not even to
-probe), a probe while drafting does not pay drafts for one request only, and
+model before the first request, the pools are idle afterwards, a drafter timed as too slow to ever pay does not
+draft at all (not even to probe), a probe while drafting does not pay drafts for one request only, and
 ``--speculative-policy acceptance`` drafts regardless of the costs."""
 from __future__ import annotations
 
