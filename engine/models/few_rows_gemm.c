@@ -17,17 +17,20 @@
  * of its rows during each tile, so the memory stream keeps going while the cores compute: without it the time of
  * a step was the sum of its compute and its weight reads, not the larger of the two (2 threads, Zen 5, SmolLM2's
  * 30 layers and LM head, interleaved in one C harness: 8 rows 23.2 -> 13.9 ms, 12 rows 34.0 -> 17.0, 20 rows
- * 29.9 -> 19.7, 64 rows 60.4 -> 53.4, against 10.5 ms for 1 row). Up to 11 rows the row-by-row loop is faster
+ * 29.9 -> 19.7, 64 rows 60.4 -> 53.4, against 10.5 ms for 1 row). Up to 7 rows the row-by-row loop is faster
  * still, once it prefetches its weight stream 8 KiB ahead: the hardware prefetcher alone left its loads waiting
  * as soon as the loop did more than one row's arithmetic per weight line (same harness, row-by-row up to 5 rows
- * and tiles above before, alternating: 1 row 8.2 -> 6.9 ms, 5 rows 11.8 -> 8.8, 8 rows 17.6 -> 13.3, 11 rows
- * 20.0 -> 17.6; 12-64 rows level, tiles both). Every output is summed in the same order whatever the row count
+ * and tiles above before, alternating: 1 row 8.2 -> 6.9 ms, 5 rows 11.8 -> 8.8). From 8 rows the tiles win again
+ * (its 8 x loads per 8 FMAs bind the row-by-row loop): an engine's float32 decode step, tiles from 8 rows against
+ * row-by-row up to 11 (bench_decode_ab --gemm-base, SmolLM2, 128-token contexts), batch 8 16.35 -> 14.74 ms,
+ * 9 18.77 -> 13.37, 10 21.34 -> 14.54; batch 7 level either way. Every output is summed in the same order whatever the row count
  * (16 lanes along K, the same halving tree, the tail scalar), so a row's result does not depend on its batch.
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
 #define MAX_ROWS 256 /* linear.py's MAX_ROWS */
-#define ROWDOT_ROWS 11 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define ROWDOT_ROWS 7 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define ROWDOT_ROWS_BF16 11 /* the same for bfloat16, which has no tiles (more rows go to oneDNN) */
 #define PREFETCH_AHEAD 2048 /* floats (8 KiB) of the weight stream prefetched ahead of the row-by-row loop */
 #define TILE_X 6 /* x rows per tile against 4 weight rows: 24 accumulators */
 
@@ -111,14 +114,13 @@ static inline void tile(const float *x, int k, int rows, const float *w, int wr,
 }
 
 /* m (<= ROWDOT_ROWS) x rows against nb weight rows, one at a time. The tiles' loop is sensitive to where it lands:
- * with these eleven unrolled loops inlined into block(), GCC compiled it 1.2-1.3x slower (12-16 rows), and placed
+ * with the unrolled loops inlined into block(), GCC compiled it 1.2-1.3x slower (12-16 rows), and placed
  * after them it ran 3-8% slower at 24-32 rows (the same instructions); so this comes after tile() and neither is
  * inlined into block(). */
 static __attribute__((noinline)) void row_block(const float *x, const float *wb, const float *bb, float *yb, int m,
                                                 int n, int k, int nb) {
     switch (m) { /* a constant row count, so each loop is fully unrolled */
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
-        ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11)
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7)
     }
 }
 
@@ -159,7 +161,7 @@ int splitserve_few_rows_gemm(const float *x, const float *w, const float *bias, 
     return 0;
 }
 
-/* The same for bfloat16 x, weight, bias and y, up to ROWDOT_ROWS rows (more return -1: oneDNN's packed GEMM
+/* The same for bfloat16 x, weight, bias and y, up to ROWDOT_ROWS_BF16 rows (more return -1: oneDNN's packed GEMM
  * takes them), row by row with the weight stream prefetched: float32 sums, the result rounded to bfloat16 to
  * nearest even. With AVX-512 BF16, pairs of products in one instruction (VDPBF16PS, 32 elements a step, as
  * oneDNN's bfloat16 GEMM computes them); elsewhere the bfloat16 values widened to float32 and multiplied-added.
@@ -184,7 +186,7 @@ static inline float acc_sum(acc_bf16 acc) { return hsum16(acc); }
 static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *x, int k_dim, const int rows,
                                                                const uint16_t *w, const uint16_t *bias,
                                                                uint16_t *y, int n_total) {
-    acc_bf16 acc[ROWDOT_ROWS];
+    acc_bf16 acc[ROWDOT_ROWS_BF16];
     for (int i = 0; i < rows; i++) memset(&acc[i], 0, sizeof acc[i]);
     const int kv = k_dim - k_dim % BF16_STEP;
     for (int k = 0; k < kv; k += BF16_STEP) {
@@ -215,7 +217,7 @@ static __attribute__((noinline)) void row_block_bf16(const uint16_t *x, const ui
 
 int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int m,
                                   int n, int k, int threads) {
-    if (m < 1 || m > ROWDOT_ROWS || n < 1 || k < 1) return -1;
+    if (m < 1 || m > ROWDOT_ROWS_BF16 || n < 1 || k < 1) return -1;
     const int blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int b = 0; b < blocks; b++) {
@@ -226,4 +228,4 @@ int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const ui
 }
 
 /* the most rows splitserve_few_rows_gemm_bf16 takes */
-int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS; }
+int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS_BF16; }

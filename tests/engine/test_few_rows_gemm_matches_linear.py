@@ -1,5 +1,5 @@
 """The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for the row counts it takes
-(1-256: in registers up to 11, then in tiles of 4 weight rows x up to 6 rows, partial ones too), with and without
+(1-256: in registers up to 7, then in tiles of 4 weight rows x up to 6 rows, partial ones too), with and without
 bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks, and a row's result does not
 depend on how many rows came with it; so does its bfloat16 body (1-11 rows), to bfloat16's rounding; a float32
 model on CPU routes its linear layers (and a tied LM head) through it, for the row counts the load-time calibration
@@ -27,7 +27,7 @@ def test_every_row_count_equals_f_linear(n: int, k: int, bias: bool) -> None:
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    for m in [*range(1, 25), 33, 64, 101, 256]:  # up to 11 rows in registers, more in tiles (partial ones too)
+    for m in [*range(1, 25), 33, 64, 101, 256]:  # up to 7 rows in registers, more in tiles (partial ones too)
         x = torch.randn(m, k, generator=g)
         want = F.linear(x, w, b)
         got = few_rows_gemm(lib, x, w, b)
