@@ -7,7 +7,11 @@ position (an exponential average of accepted / positions tried, where the first 
 the chance that a draft token is accepted given the ones before it were, which is what ``cost.expected_accepted``
 assumes; 1 of 8 accepted is 0.5, not 0.125), starting from the average over all requests so far, so on a workload
 that rarely accepts a new request does not start out optimistic). Below ``MIN_ACCEPT`` it stops drafting for a
-while, twice as long after each failed probe, and drafts again to probe. The drafts proposed for a step are cut to
+while, twice as long after each failed probe, and drafts again to probe. A draft's value is priced from two more
+averages (``_rates``): the chance its first token is accepted, and the chance a later one is given the ones before
+it were. Copied text behaves so: a draft misses at its first token or runs on (SmolLM2 repeating a paragraph: the
+first token of about half the drafts accepted, 85-95% of later ones), and one rate for every position valued an
+8th token at 0.5^8 and cut drafts to 2-3 tokens. The drafts proposed for a step are cut to
 the lengths that maximise the step's expected tokens per second (engine/spec/cost.py: step time by rows, learnt
 from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
 A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
@@ -63,17 +67,21 @@ PROBE_MAX = 2048  # the longest probe interval, reached while a costly drafter k
 @dataclass
 class _Track:
     ema: float  # a new request starts from the speculator's acceptance over all requests
+    first: float  # the chance its first draft token is accepted (an average, as ``ema``)
+    deep: float  # the chance a later draft token is accepted given the ones before it were
     pause: int = 0  # steps left without drafting
     backoff: int = BACKOFF_MIN
 
 
-def _by_value(tree: DraftTree, rate: float) -> tuple[DraftTree, list[float]]:
-    """The tree's nodes ordered by their expected acceptance, rate^depth times the drafter's weight (no more than
-    the parent's), highest first and parents before children, and those values: cost.trim keeps a prefix."""
+def _by_value(tree: DraftTree, rate: float, first: float | None = None) -> tuple[DraftTree, list[float]]:
+    """The tree's nodes ordered by their expected acceptance, first * rate^(depth - 1) (``first`` defaults to
+    ``rate``) times the drafter's weight (no more than the parent's), highest first and parents before children,
+    and those values: cost.trim keeps a prefix."""
     level = depths(tree.parents, len(tree))
+    lead = rate if first is None else first
     values: list[float] = []
     for i, p in enumerate(tree.parents):
-        values.append(min(tree.weights[i] * rate ** level[i], values[p] if p >= 0 else 1.0))
+        values.append(min(tree.weights[i] * lead * rate ** (level[i] - 1), values[p] if p >= 0 else 1.0))
     order = sorted(range(len(tree)), key=lambda i: -values[i])  # stable: a tie keeps the parent first
     return tree.keep(order), [values[i] for i in order]
 
@@ -99,6 +107,7 @@ class Speculator:
         if prior is not None:
             self._seed(prior)
         self.acceptance = 1.0  # optimistic at start: the first requests draft
+        self.first, self.deep = 1.0, 1.0  # the same split as _Track's, over all requests
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
@@ -125,8 +134,14 @@ class Speculator:
     def _track(self, req: Request) -> _Track:
         t = self._tracks.get(req)
         if t is None:
-            t = self._tracks[req] = _Track(self.acceptance)
+            t = self._tracks[req] = _Track(self.acceptance, self.first, self.deep)
         return t
+
+    def _rates(self, req: Request) -> tuple[float, float]:
+        """(first, deep) of ``req``: the chance its first draft token is accepted, and a later one's given the
+        ones before it were."""
+        t = self._track(req)
+        return t.first, t.deep
 
     def _limit(self, seq: ScheduledSeq) -> int:
         req = seq.req
@@ -177,9 +192,9 @@ class Speculator:
             self._next_probe = self._steps + (1 if not pays and not proposed else self._probe_every)
         trees = [self._checked(s.req, d if isinstance(d, DraftTree) else DraftTree.chain(d), k)
                  for (s, k), d in zip(chosen, drafts)]
-        found = sorted(((self._track(s.req).ema, s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
-                       key=lambda x: -x[0])
-        found = [(rate, req, _by_value(tree, rate)) for rate, req, tree in found]
+        found = sorted(((self._rates(s.req), s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
+                       key=lambda x: -x[0][0])
+        found = [(rates, req, _by_value(tree, rates[1], rates[0])) for rates, req, tree in found]
         if not self._adaptive or (probe and not pays):  # one request's whole draft (a probe that does not pay)
             lengths = [len(t) for _, _, (t, _) in found]
         else:
@@ -201,7 +216,7 @@ class Speculator:
         if own < CHEAP * base:
             return True
         spent = (self.cost.estimate(decodes + asked) or 0.0) + own + sum(self._catch_up(s.req, k) for s, k in chosen)
-        tokens = decodes + sum(expected_accepted(self._track(s.req).ema, k) for s, k in chosen)
+        tokens = decodes + sum(self._expected(s.req, k) for s, k in chosen)
         return spent <= 0 or tokens / spent > (1 + MARGIN) * decodes / base
 
     def _catch_up(self, req: Request, k: int) -> float:
@@ -215,7 +230,12 @@ class Speculator:
         if pending <= 0 or self.catch_up <= 0:
             return 0.0
         left = max(1, req.max_new_tokens - len(req.output_ids))
-        return pending * self.catch_up / max(1.0, left / (1 + expected_accepted(self._track(req).ema, k)))
+        return pending * self.catch_up / max(1.0, left / (1 + self._expected(req, k)))
+
+    def _expected(self, req: Request, k: int) -> float:
+        """Expected accepted drafts of a chain of ``k`` for ``req``."""
+        first, deep = self._rates(req)
+        return expected_accepted(deep, k, first)
 
     def _checked(self, req: Request, tree: DraftTree, depth: int) -> DraftTree:
         """The draft without the nodes deeper than ``depth``, outside the vocabulary or refused by the request's
@@ -266,9 +286,16 @@ class Speculator:
         rate = hit / min(hit + 1, k)  # per position tried: the one after the last accepted was tried and missed
         track.ema = (1 - EMA) * track.ema + EMA * rate
         self.acceptance = (1 - GLOBAL_EMA) * self.acceptance + GLOBAL_EMA * rate
+        track.first = (1 - EMA) * track.first + EMA * (hit > 0)
+        self.first = (1 - GLOBAL_EMA) * self.first + GLOBAL_EMA * (hit > 0)
+        if hit and k > 1:  # positions 2.. were tried: the one after the last accepted too, unless it was the last
+            deep = (hit - 1) / min(hit, k - 1)
+            track.deep = (1 - EMA) * track.deep + EMA * deep
+            self.deep = (1 - GLOBAL_EMA) * self.deep + GLOBAL_EMA * deep
         if track.ema < MIN_ACCEPT:
             track.pause, track.backoff = track.backoff, min(BACKOFF_MAX, track.backoff * 2)
             track.ema = MIN_ACCEPT  # the probe after the pause starts at the threshold
+            track.first = max(track.first, MIN_ACCEPT)
         elif hit == k:
             track.backoff = BACKOFF_MIN
         return out, nodes

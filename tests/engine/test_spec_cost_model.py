@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.cost import StepCost, chain_values, expected_accepted
+from engine.spec.cost import StepCost, chain_values, expected_accepted, monotone
 
 
 def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
@@ -20,6 +20,7 @@ def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
 def test_expected_accepted_is_a_geometric_sum() -> None:
     assert expected_accepted(1.0, 4) == 4 and expected_accepted(0.0, 4) == 0
     assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted(0.9, 3, first=0.5) == pytest.approx(0.5 * (1 + 0.9 + 0.81))
 
 
 def test_a_cost_model_without_data_or_with_one_bucket_explores() -> None:
@@ -81,10 +82,31 @@ def test_a_few_cheap_steps_are_not_drowned_by_many_drafted_ones() -> None:
 
 def test_estimates_never_fall_as_rows_grow() -> None:
     cost = StepCost()
-    for rows, seconds in ((4, 0.030), (8, 0.020), (16, 0.060)):  # a lucky 8-row step
+    for rows, seconds in ((4, 0.030), (8, 0.020), (16, 0.060)):  # a lucky 8-row step (or a slow 4-row one)
         cost.observe(rows, seconds)
     estimates = [cost.estimate(r) for r in range(1, 40)]
-    assert estimates == sorted(estimates) and cost.estimate(8) == pytest.approx(0.030)
+    assert estimates == sorted(estimates)
+    assert cost.estimate(4) == cost.estimate(8) == pytest.approx(0.025, rel=0.01)  # pooled, by their weights
+
+
+def test_one_slow_moment_at_a_rarely_seen_row_count_does_not_raise_the_larger_counts() -> None:
+    """A 5-row step seen once while the host was busy (50 ms), 7-11 rows seen often at 35 ms: the fit pools them
+    by weight, so a 9-row step stays near 35 ms (the running maximum it replaced put every count up to 11 at 50
+    and cut drafts short)."""
+    cost = StepCost()
+    cost.observe(1, 0.030)
+    cost.observe(5, 0.050)
+    for i in range(100):
+        cost.observe(7 + i % 5, 0.035)
+    assert cost.estimate(9) < 0.036 and cost.estimate(5) < 0.036
+    estimates = [cost.estimate(r) for r in range(1, 12)]
+    assert estimates == sorted(estimates)
+
+
+def test_the_monotone_fit_pools_only_what_falls() -> None:
+    assert monotone([(1, (1.0, 1.0)), (2, (2.0, 1.0)), (3, (3.0, 1.0))]) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert monotone([(1, (1.0, 1.0)), (2, (3.0, 1.0)), (3, (2.0, 3.0)), (4, (5.0, 1.0))]) == \
+        [(1, 1.0), (2, 2.25), (3, 2.25), (4, 5.0)]
 
 
 def test_the_load_time_prior_follows_the_level_of_the_steps_seen() -> None:

@@ -11,6 +11,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.spec import Speculator
 from engine.spec.cost import StepCost
+from engine.spec.speculator import _by_value
+from engine.spec.tree import DraftTree
 from tests.drafters import RandomDrafter
 from tests.engine.test_spec_cost_model import learnt
 
@@ -29,6 +31,12 @@ def speculator(step_seconds: float, draft_seconds: float) -> Speculator:
     return spec
 
 
+def accepting(spec: Speculator, req: Request, rate: float) -> None:
+    """Make ``req``'s acceptance ``rate`` at every draft position."""
+    track = spec._track(req)
+    track.ema = track.first = track.deep = rate
+
+
 def decoding(req: Request) -> ScheduledSeq:
     return ScheduledSeq(req, req.seq_len - 1, 1, sample=True)
 
@@ -36,19 +44,19 @@ def decoding(req: Request) -> ScheduledSeq:
 def test_a_slow_drafter_drafts_only_when_acceptance_pays_for_it() -> None:
     slow = speculator(0.040, 0.200)  # four draft tokens cost five target steps
     req = request("a")
-    slow._track(req).ema = 0.9  # ~3.1 tokens expected per verification: not worth 0.24 s against 0.04 s a token
+    accepting(slow, req, 0.9)  # ~3.1 tokens expected per verification: not worth 0.24 s against 0.04 s a token
     assert not slow._pays(1, [(decoding(req), 4)])
     fast = speculator(0.040, 0.030)
-    fast._track(req).ema = 0.9
+    accepting(fast, req, 0.9)
     assert fast._pays(1, [(decoding(req), 4)])
-    fast._track(req).ema = 0.05  # almost nothing accepted: even a fast drafter does not pay
+    accepting(fast, req, 0.05)  # almost nothing accepted: even a fast drafter does not pay
     assert not fast._pays(1, [(decoding(req), 4)])
 
 
 def test_a_drafter_that_costs_next_to_nothing_is_left_to_the_per_draft_choice() -> None:
     cheap = speculator(0.040, 0.0005)
     req = request("a")
-    cheap._track(req).ema = 0.01
+    accepting(cheap, req, 0.01)
     assert cheap._pays(1, [(decoding(req), 4)])
 
 
@@ -59,7 +67,7 @@ def test_a_new_request_starts_from_the_acceptance_seen_so_far() -> None:
         req = request(f"r{i}")
         seq = ScheduledSeq(req, req.seq_len - 1, 5, sample=True, draft=(1, 2, 3, 4))
         assert spec.verify(seq, [9, 9, 9, 9, 9])[0] == [9]
-    assert spec._track(request("late")).ema < 0.2
+    assert spec._track(request("late")).ema < 0.2 and spec._rates(request("later"))[0] < 0.2
 
 
 class _Costly(RandomDrafter):
@@ -136,6 +144,25 @@ def test_acceptance_is_counted_per_draft_position_tried() -> None:
     assert track.pause > 0
 
 
+def test_a_copy_that_either_misses_its_first_token_or_runs_to_the_end_keeps_its_long_drafts() -> None:
+    """Copying text: a draft's first token is right half the time, and once it is, the rest follows (the model is
+    repeating a passage). One rate per position (the average, ~0.5) would value the 8th token at 0.5^8 and cut
+    the draft to a token or two; the first token's rate and the later ones' given it, tracked apart, value it
+    at 0.5 x 1^7, and where a row costs a tenth of a step the whole draft is verified."""
+    spec = Speculator(SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=8),
+                      RandomDrafter(100), 100)
+    spec.cost = learnt(lambda rows: 0.040 + 0.004 * rows)
+    req = request("a")
+    for i in range(40):
+        seq = ScheduledSeq(req, req.seq_len - 1, 9, sample=True, draft=(1,) * 8)
+        spec.verify(seq, [1] * 9 if i % 2 else [9] * 9)
+    first, deep = spec._rates(req)
+    assert 0.35 < first < 0.65 and deep > 0.99
+    assert spec._expected(req, 8) > 3.0
+    tree, values = _by_value(DraftTree.chain([1] * 8), deep, first)
+    assert values[-1] > 0.3 and spec.cost.trim(1, [values]) == [8]
+
+
 class _Frozen(StepCost):
     """A cost model that keeps the costs it was taught (the tiny model's real steps would flatten them)."""
 
@@ -203,10 +230,10 @@ def test_a_drafter_that_must_first_read_a_long_prompt_drafts_only_for_a_long_out
     ready = Request("ready", [5, 6, 7], SamplingParams(temperature=0), 64, output_ids=[8])
     spec = spec_for(0.0003)  # 0.3 s to read a 1,000-token prompt
     for req in (short, long, ready):
-        spec._track(req).ema = 0.95
+        accepting(spec, req, 0.95)
     assert not spec._pays(1, [(decoding(short), 4)]), "63 tokens left cannot repay the prompt's reading"
     assert spec._pays(1, [(decoding(long), 4)]), "4,095 tokens left can"
     assert spec._pays(1, [(decoding(ready), 4)]), "a prompt of 3 tokens is drafting work, not catching up"
     free = spec_for(0.0)
-    free._track(short).ema = 0.95
+    accepting(free, short, 0.95)
     assert free._pays(1, [(decoding(short), 4)])
