@@ -28,7 +28,8 @@ class Drafter(ABC):
         """Draft tokens for each request, at most ``limits[i]`` positions deep for ``reqs[i]`` (possibly none), to
         follow its prompt and output so far: a chain (a list, one token per position; the verifier accepts the
         longest prefix the target agrees with) or a token tree (engine/spec/tree.py: several candidates where
-        they branch; the verifier follows the branch the target agrees with)."""
+        they branch; the verifier follows the branch the target agrees with; a chain with evidence attached is
+        ``DraftTree.chain(tokens, evidence)``, and the speculator learns acceptance per evidence)."""
 
     def allocate(self, num_tokens: int, page_size: int) -> None:
         """Build the drafter's KV pool for ``num_tokens`` tokens (called once, before the first proposal)."""

@@ -20,7 +20,16 @@ import bisect
 
 DECAY = 0.98  # weight kept by the older steps at each new one (a memory of ~50 decode steps per row count)
 FORGET = 1e-3  # a row count whose weight decayed below this is forgotten
-PRIOR_WEIGHT = 1.0  # a row count timed at load weighs in its monotone fit as one step seen
+# a step over this many times the estimate for its row count is counted as this many times it: one-offs (a row
+# count's first oneDNN call building its kernel, a collection pause) took 0.3-0.7 s where such steps take 10-60 ms
+# (SmolLM2 bfloat16, batch 4), and one such step in a mean of ten put a 4-row step at 30 ms, measured 9.4
+OUTLIER = 2.0
+PRIOR_WEIGHT = 1.0
+# drafts expected to raise a step's tokens per second by less than this are not verified: the estimates (step
+# times learnt online on a noisy host, acceptance averages) are not better than that, and a group of requests
+# ends with its slowest, so a small expected gain was a measured loss (SmolLM2 bfloat16 batch 4 copy: 0.93-0.95x
+# with drafts priced per position, every step drafting 1-4 tokens a request)
+TRIM_MARGIN = 0.10  # a row count timed at load weighs in its monotone fit as one step seen
 TIE = 1e-9  # expected tokens per second this close to the best count's is a tie (float rounding)
 
 
@@ -62,8 +71,12 @@ class StepCost:
         self._mean: dict[int, float] = {}  # rows -> weighted mean seconds
         self._weight: dict[int, float] = {}  # rows -> weight of that mean (decayed as other steps arrive)
         self._table: list[tuple[int, float]] | None = None  # sorted (rows, non-decreasing seconds), rebuilt lazily
+        self.margin = TRIM_MARGIN
 
     def observe(self, rows: int, seconds: float) -> None:
+        guess = self.estimate(rows)
+        if guess is not None and guess > 0:
+            seconds = min(seconds, OUTLIER * guess)
         least = min(self._weight, default=rows)
         for r in list(self._weight):
             self._weight[r] *= DECAY
@@ -123,6 +136,9 @@ class StepCost:
             cost = self.estimate(decodes + count) or 0.0
             rates.append(tokens / cost if cost > 0 else float("inf"))
         best = max(rates)
+        if best < rates[0] * (1 + self.margin) and len(self._points()) > 1:  # too close to call: plain decoding
+            # (with one row count seen, more rows are taken as free, so drafting explores their cost)
+            return [0] * len(drafts)
         keep = max(i for i, r in enumerate(rates) if r >= best * (1 - TIE))
         lengths = [0] * len(drafts)
         for _, j in positions[:keep]:

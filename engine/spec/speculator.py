@@ -11,7 +11,11 @@ while, twice as long after each failed probe, and drafts again to probe. A draft
 averages (``_rates``): the chance its first token is accepted, and the chance a later one is given the ones before
 it were. Copied text behaves so: a draft misses at its first token or runs on (SmolLM2 repeating a paragraph: the
 first token of about half the drafts accepted, 85-95% of later ones), and one rate for every position valued an
-8th token at 0.5^8 and cut drafts to 2-3 tokens. The drafts proposed for a step are cut to
+8th token at 0.5^8 and cut drafts to 2-3 tokens. A drafter may tag a draft with its evidence
+(``DraftTree.evidence``; prompt lookup: the length of the suffix it matched), and a first token is then priced by
+what drafts of that evidence did over all requests, scaled by how this request's first tokens fare against all
+requests' (SmolLM2's copy tasks learn ~0.4-0.5 after a 1-token match, 0.8-0.9 after 3 or 4). The drafts proposed
+for a step are cut to
 the lengths that maximise the step's expected tokens per second (engine/spec/cost.py: step time by rows, learnt
 from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
 A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 MIN_ACCEPT = 0.3  # acceptance ratio below which a request pauses drafting
 EMA = 0.3  # weight of the newest verification in a request's acceptance average
 GLOBAL_EMA = 0.05  # the same over every request's verifications: a new request's prior
+FIRST_FLOOR = 0.05  # the least all requests' first-token acceptance a class's is scaled against
 CHEAP = 0.05  # a drafter whose time is below this share of a step's is left to the per-draft choice
 # a costly drafter must be expected to beat plain decoding by this much: its catch-up prefill and the wider
 # sampling of a verification are not in the costs (SmolLM2 float32 drafted by itself in bfloat16, batch 1,
@@ -69,6 +74,7 @@ class _Track:
     ema: float  # a new request starts from the speculator's acceptance over all requests
     first: float  # the chance its first draft token is accepted (an average, as ``ema``)
     deep: float  # the chance a later draft token is accepted given the ones before it were
+    evidence: int = 0  # the evidence of its latest draft (DraftTree.evidence)
     pause: int = 0  # steps left without drafting
     backoff: int = BACKOFF_MIN
 
@@ -107,7 +113,11 @@ class Speculator:
         if prior is not None:
             self._seed(prior)
         self.acceptance = 1.0  # optimistic at start: the first requests draft
-        self.first, self.deep = 1.0, 1.0  # the same split as _Track's, over all requests
+        # the same split as _Track's, over all requests: at start every first token is taken for accepted (the
+        # first requests draft), a later one for a coin flip until one is seen (a drafter that never hits, and
+        # so never shows its later tokens, is not priced at four tokens a draft)
+        self.first, self.deep = 1.0, 0.5
+        self.first_by_evidence: dict[int, float] = {}  # ``first`` over all requests, per class of draft
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
@@ -137,11 +147,15 @@ class Speculator:
             t = self._tracks[req] = _Track(self.acceptance, self.first, self.deep)
         return t
 
-    def _rates(self, req: Request) -> tuple[float, float]:
+    def _rates(self, req: Request, evidence: int = 0) -> tuple[float, float]:
         """(first, deep) of ``req``: the chance its first draft token is accepted, and a later one's given the
-        ones before it were."""
+        ones before it were. For a draft of a class seen before (``evidence``), its first token's chance is that
+        class's, scaled by how the request's own first tokens fare against all requests'."""
         t = self._track(req)
-        return t.first, t.deep
+        by = self.first_by_evidence.get(evidence) if evidence else None
+        if by is None:
+            return t.first, t.deep
+        return min(1.0, by * t.first / max(self.first, FIRST_FLOOR)), t.deep
 
     def _limit(self, seq: ScheduledSeq) -> int:
         req = seq.req
@@ -192,7 +206,9 @@ class Speculator:
             self._next_probe = self._steps + (1 if not pays and not proposed else self._probe_every)
         trees = [self._checked(s.req, d if isinstance(d, DraftTree) else DraftTree.chain(d), k)
                  for (s, k), d in zip(chosen, drafts)]
-        found = sorted(((self._rates(s.req), s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
+        for (s, _), t in zip(chosen, trees):
+            self._track(s.req).evidence = t.evidence
+        found = sorted(((self._rates(s.req, t.evidence), s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
                        key=lambda x: -x[0][0])
         found = [(rates, req, _by_value(tree, rates[1], rates[0])) for rates, req, tree in found]
         if not self._adaptive or (probe and not pays):  # one request's whole draft (a probe that does not pay)
@@ -288,6 +304,9 @@ class Speculator:
         self.acceptance = (1 - GLOBAL_EMA) * self.acceptance + GLOBAL_EMA * rate
         track.first = (1 - EMA) * track.first + EMA * (hit > 0)
         self.first = (1 - GLOBAL_EMA) * self.first + GLOBAL_EMA * (hit > 0)
+        if track.evidence:
+            by = self.first_by_evidence.get(track.evidence, self.first)
+            self.first_by_evidence[track.evidence] = (1 - GLOBAL_EMA) * by + GLOBAL_EMA * (hit > 0)
         if hit and k > 1:  # positions 2.. were tried: the one after the last accepted too, unless it was the last
             deep = (hit - 1) / min(hit, k - 1)
             track.deep = (1 - EMA) * track.deep + EMA * deep

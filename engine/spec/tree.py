@@ -22,15 +22,16 @@ class DraftTree:
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     weights: tuple[float, ...]
+    evidence: int = 0  # the drafter's class of this proposal, acceptance learnt per class (ngram: suffix matched)
 
     def __post_init__(self) -> None:
         assert len(self.tokens) == len(self.parents) == len(self.weights), "one parent and weight per node"
         assert all(-1 <= p < i for i, p in enumerate(self.parents)), "parents come before their children"
 
     @staticmethod
-    def chain(tokens: list[int] | tuple[int, ...]) -> DraftTree:
+    def chain(tokens: list[int] | tuple[int, ...], evidence: int = 0) -> DraftTree:
         n = len(tokens)
-        return DraftTree(tuple(tokens), tuple(range(-1, n - 1)), (1.0,) * n)
+        return DraftTree(tuple(tokens), tuple(range(-1, n - 1)), (1.0,) * n, evidence)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -44,11 +45,12 @@ class DraftTree:
         (which must put parents first)."""
         at = {old: new for new, old in enumerate(nodes)}
         parents = tuple(-1 if self.parents[i] < 0 else at[self.parents[i]] for i in nodes)
-        return DraftTree(tuple(self.tokens[i] for i in nodes), parents, tuple(self.weights[i] for i in nodes))
+        return DraftTree(tuple(self.tokens[i] for i in nodes), parents, tuple(self.weights[i] for i in nodes),
+                         self.evidence)
 
     def prefix(self, n: int) -> DraftTree:
         """Its first ``n`` nodes (a subtree, since parents come first)."""
-        return DraftTree(self.tokens[:n], self.parents[:n], self.weights[:n])
+        return DraftTree(self.tokens[:n], self.parents[:n], self.weights[:n], self.evidence)
 
 
 def is_chain(parents: tuple[int, ...]) -> bool:

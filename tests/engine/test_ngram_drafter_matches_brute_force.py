@@ -1,6 +1,7 @@
 """The n-gram drafter's incremental index proposes exactly what a brute-force search proposes: the tokens after
-the latest earlier occurrence of the longest matching suffix (n from max down to min), on seeded random sequences
-over a small alphabet (many matches) grown a few tokens at a time, as decoding grows them."""
+the latest earlier occurrence of the longest matching suffix (n from max down to min), tagged with that n as its
+evidence, on seeded random sequences over a small alphabet (many matches) grown a few tokens at a time, as decoding
+grows them."""
 from __future__ import annotations
 
 import random
@@ -13,15 +14,20 @@ from engine.spec import DraftTree, NgramDrafter
 from engine.spec.tree import path
 
 
-def brute_force(seq: list[int], min_n: int, max_n: int, limit: int) -> list[int]:
+def brute_force(seq: list[int], min_n: int, max_n: int, limit: int) -> tuple[list[int], int]:
+    """The continuation and the suffix length it matched (([], 0): none)."""
     for n in range(max_n, min_n - 1, -1):
         if n >= len(seq):
             continue
         suffix = seq[-n:]
         for end in range(len(seq) - 1, n - 1, -1):  # latest first; the suffix itself (end = len) excluded
             if seq[end - n:end] == suffix:
-                return seq[end:end + limit]
-    return []
+                return seq[end:end + limit], n
+    return [], 0
+
+
+def tokens(draft: list[int] | DraftTree) -> list[int]:
+    return list(draft.tokens) if isinstance(draft, DraftTree) else draft
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -36,8 +42,11 @@ def test_proposals_equal_a_brute_force_search(seed: int) -> None:
         limit = rng.randrange(1, 7)
         (got,) = drafter.propose([req], [limit])
         seq = req.prompt_ids + req.output_ids
-        assert got == brute_force(seq, min_n, max_n, limit), f"at length {len(seq)}"
-        proposals += bool(got)
+        want, n = brute_force(seq, min_n, max_n, limit)
+        assert tokens(got) == want, f"at length {len(seq)}"
+        if want:
+            assert isinstance(got, DraftTree) and got.is_chain and got.evidence == n
+        proposals += bool(want)
         req.output_ids.extend(rng.randrange(alphabet) for _ in range(rng.randrange(1, 4)))
     assert proposals >= 10, "the sequences were meant to repeat"
 
@@ -47,7 +56,7 @@ def test_a_copied_passage_is_proposed_whole() -> None:
     req = Request("r", [7, 8] + passage + [9], SamplingParams(), 100)
     req.output_ids = passage[:3]
     (got,) = NgramDrafter(2, 4).propose([req], [8])
-    assert got == passage[3:11]
+    assert tokens(got) == passage[3:11] and got.evidence == 3
     req.output_ids = [1, 2, 3]
     assert NgramDrafter(2, 4).propose([req], [8]) == [[]]
 
@@ -96,6 +105,7 @@ def test_tree_proposals_hold_the_brute_force_continuations(seed: int) -> None:
             prefixes = {tuple(run[:d]) for run, _ in want for d in range(1, len(run) + 1)}
             assert set(paths) == prefixes
             total = sum(n for _, n in want)
+            assert got.evidence == max(n for _, n in want)
             for prefix, weight in paths.items():
                 share = sum(n for run, n in want if tuple(run[:len(prefix)]) == prefix) / total
                 assert weight == pytest.approx(share)

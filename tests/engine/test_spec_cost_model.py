@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.cost import StepCost, chain_values, expected_accepted, monotone
+from engine.spec.cost import TRIM_MARGIN, StepCost, chain_values, expected_accepted, monotone
 
 
 def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
@@ -58,6 +58,18 @@ def test_each_draft_is_cut_where_its_next_token_is_too_unlikely_to_pay_for_its_r
     assert lengths[0] == 8 and lengths == sorted(lengths, reverse=True) and sum(lengths) < 12, lengths
 
 
+def test_a_draft_expected_to_gain_less_than_the_margin_is_not_verified() -> None:
+    """A row costs a tenth of a step and a lone draft token is accepted 15% of the time: verifying it would raise
+    tokens per second by 5% on the estimates, within what they can tell apart, so the step decodes plainly;
+    at 60% (a 47% gain) it drafts."""
+    cost = learnt(lambda rows: 0.040 + 0.004 * rows)
+    assert cost.trim(1, [chain_values(0.15, 1)]) == [0]
+    cost.margin = 0.0
+    assert cost.trim(1, [chain_values(0.15, 1)]) == [1]
+    cost.margin = TRIM_MARGIN
+    assert cost.trim(1, [chain_values(0.6, 1)]) == [1]
+
+
 def test_estimates_follow_the_line_of_the_steps_seen() -> None:
     cost = learnt(lambda rows: 0.02 + 0.01 * rows)
     assert cost.estimate(6) == pytest.approx(0.08, rel=0.01)
@@ -101,6 +113,19 @@ def test_one_slow_moment_at_a_rarely_seen_row_count_does_not_raise_the_larger_co
     assert cost.estimate(9) < 0.036 and cost.estimate(5) < 0.036
     estimates = [cost.estimate(r) for r in range(1, 12)]
     assert estimates == sorted(estimates)
+
+
+def test_a_one_off_slow_step_does_not_make_its_row_count_look_slow() -> None:
+    """A row count's first oneDNN call builds its kernel (0.3-0.7 s where the step takes ~10 ms): it counts as
+    twice the estimate at most, so the 4-row step stays near 10 ms, not 30."""
+    cost = StepCost({1: 0.008, 4: 0.010})
+    for _ in range(10):
+        cost.observe(4, 0.010)
+    cost.observe(4, 0.700)
+    assert cost.estimate(4) < 0.012
+    for _ in range(100):  # a lasting change is followed (at the mean's pace, twice the estimate a step at most)
+        cost.observe(4, 0.050)
+    assert cost.estimate(4) > 0.045
 
 
 def test_the_monotone_fit_pools_only_what_falls() -> None:

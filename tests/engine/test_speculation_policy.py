@@ -163,6 +163,27 @@ def test_a_copy_that_either_misses_its_first_token_or_runs_to_the_end_keeps_its_
     assert values[-1] > 0.3 and spec.cost.trim(1, [values]) == [8]
 
 
+def test_a_draft_is_priced_by_what_drafts_of_its_evidence_did() -> None:
+    """Prompt lookup after a 1-token match is a guess, after a 4-token match usually a copy: with drafts of both
+    kinds verified in turn (the 1-token ones always missing, the 4-token ones always accepted), a request's next
+    draft is priced by its own kind, so where a row costs a tenth of a step a long-match draft is verified whole
+    and a short-match one not at all."""
+    spec = Speculator(SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=8),
+                      RandomDrafter(100), 100)
+    spec.cost = learnt(lambda rows: 0.040 + 0.004 * rows)
+    req = request("a")
+    for i in range(200):
+        spec._track(req).evidence = 4 if i % 2 else 1
+        seq = ScheduledSeq(req, req.seq_len - 1, 9, sample=True, draft=(1,) * 8)
+        spec.verify(seq, [1] * 9 if i % 2 else [9] * 9)
+    (weak, _), (strong, deep) = spec._rates(req, 1), spec._rates(req, 4)
+    assert weak < 0.1 < 0.9 < strong and deep > 0.99
+    assert 0.3 < spec._rates(req)[0] < 0.7  # no evidence: the request's own average
+    for first, kept in ((weak, 0), (strong, 8)):
+        _, values = _by_value(DraftTree.chain([1] * 8), deep, first)
+        assert spec.cost.trim(1, [values]) == [kept]
+
+
 class _Frozen(StepCost):
     """A cost model that keeps the costs it was taught (the tiny model's real steps would flatten them)."""
 
@@ -195,10 +216,10 @@ def test_a_probe_where_rows_cost_a_decode_each_verifies_one_draft_token_per_requ
     reqs = [core.make_request([5, 6, 7, 8 + i], SamplingParams(max_new_tokens=300, temperature=0, ignore_eos=True),
                               detokenize=False) for i in range(4)]
     core.run_to_completion(reqs)
-    # the first steps draft whole (acceptance starts at 1); once random drafts are rejected, only the probes
-    # every 64 steps verify, one token per request, where whole drafts would be four
-    late = lengths[16:]
-    assert late and set(late) == {1}, lengths
+    # no draft is worth a row that costs a decode (not even the first, with every first token taken for accepted
+    # and later ones for coin flips), so only the probes every 64 steps verify: one token per request at each of
+    # the 4 probes, where whole drafts would be four
+    assert len(lengths) >= 12 and set(lengths) == {1}, lengths
     core.check_integrity()
 
 
