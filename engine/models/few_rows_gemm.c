@@ -23,8 +23,9 @@
  * and tiles above before, alternating: 1 row 8.2 -> 6.9 ms, 5 rows 11.8 -> 8.8). From 8 rows the tiles win again
  * (its 8 x loads per 8 FMAs bind the row-by-row loop): an engine's float32 decode step, tiles from 8 rows against
  * row-by-row up to 11 (bench_decode_ab --gemm-base, SmolLM2, 128-token contexts), batch 8 16.35 -> 14.74 ms,
- * 9 18.77 -> 13.37, 10 21.34 -> 14.54; batch 7 level either way. Every output is summed in the same order whatever the row count
- * (16 lanes along K, the same halving tree, the tail scalar), so a row's result does not depend on its batch.
+ * 9 18.77 -> 13.37, 10 21.34 -> 14.54; batch 7 level either way. Every output is summed in the same order
+ * whatever the row count (16 lanes along K, the same halving tree, the tail scalar), so a row's result does not
+ * depend on its batch.
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 

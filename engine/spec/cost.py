@@ -24,12 +24,12 @@ FORGET = 1e-3  # a row count whose weight decayed below this is forgotten
 # count's first oneDNN call building its kernel, a collection pause) took 0.3-0.7 s where such steps take 10-60 ms
 # (SmolLM2 bfloat16, batch 4), and one such step in a mean of ten put a 4-row step at 30 ms, measured 9.4
 OUTLIER = 2.0
-PRIOR_WEIGHT = 1.0
+PRIOR_WEIGHT = 1.0  # a row count timed at load weighs in its monotone fit as one step seen
 # drafts expected to raise a step's tokens per second by less than this are not verified: the estimates (step
 # times learnt online on a noisy host, acceptance averages) are not better than that, and a group of requests
 # ends with its slowest, so a small expected gain was a measured loss (SmolLM2 bfloat16 batch 4 copy: 0.93-0.95x
 # with drafts priced per position, every step drafting 1-4 tokens a request)
-TRIM_MARGIN = 0.10  # a row count timed at load weighs in its monotone fit as one step seen
+TRIM_MARGIN = 0.10
 TIE = 1e-9  # expected tokens per second this close to the best count's is a tie (float rounding)
 
 

@@ -1,31 +1,30 @@
-"""Speculative decoding around the engine's step: ``draft`` gives the step's decoding requests draft tokens (and
-their pages), ``verify`` turns each request's sampled rows into the tokens it emits (engine/spec/verify.py).
+"""Speculative decoding around the engine's step: ``draft`` gives the step's decoding requests draft tokens (and their
+pages), ``verify`` turns each request's sampled rows into the tokens it emits (engine/spec/verify.py).
 
 Who speculates (measured on SmolLM2, see docs/benchmarks.md): a request whose drafts keep being rejected pays for
 the extra rows of every verification and gains nothing, so each request tracks its acceptance rate per draft
-position (an exponential average of accepted / positions tried, where the first rejected one was the last tried:
-the chance that a draft token is accepted given the ones before it were, which is what ``cost.expected_accepted``
+position (an exponential average of accepted / positions tried, where the first rejected one was the last tried: the
+chance that a draft token is accepted given the ones before it were, which is what ``cost.expected_accepted``
 assumes; 1 of 8 accepted is 0.5, not 0.125), starting from the average over all requests so far, so on a workload
 that rarely accepts a new request does not start out optimistic). Below ``MIN_ACCEPT`` it stops drafting for a
 while, twice as long after each failed probe, and drafts again to probe. A draft's value is priced from two more
 averages (``_rates``): the chance its first token is accepted, and the chance a later one is given the ones before
 it were. Copied text behaves so: a draft misses at its first token or runs on (SmolLM2 repeating a paragraph: the
-first token of about half the drafts accepted, 85-95% of later ones), and one rate for every position valued an
-8th token at 0.5^8 and cut drafts to 2-3 tokens. A drafter may tag a draft with its evidence
-(``DraftTree.evidence``; prompt lookup: the length of the suffix it matched), and a first token is then priced by
-what drafts of that evidence did over all requests, scaled by how this request's first tokens fare against all
-requests' (SmolLM2's copy tasks learn ~0.4-0.5 after a 1-token match, 0.8-0.9 after 3 or 4). The drafts proposed
-for a step are cut to
-the lengths that maximise the step's expected tokens per second (engine/spec/cost.py: step time by rows, learnt
-from this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all.
-A constrained request's drafts are cut at the first token its grammar refuses, so every verified position is
-one the grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a
-transfer still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the
-expected tokens per second with its drafts, its own time counted (learnt like the step's, by drafted tokens),
-beat plain decoding, with the drafter's first reading of a request (a draft model prefilling its prompt) spread
-over the request's remaining output (``_catch_up``); the probe steps draft regardless, so the estimate follows
-the requests' acceptance, and while the gate stays shut each probe comes twice as late as the last (64 steps up
-to 2048), and drafts for one request only, so a draft model that does not pay costs little more than its memory.
+first token of about half the drafts accepted, 85-95% of later ones), and one rate for every position valued an 8th
+token at 0.5^8 and cut drafts to 2-3 tokens. A drafter may tag a draft with its evidence (``DraftTree.evidence``;
+prompt lookup: the length of the suffix it matched), and a first token is then priced by what drafts of that
+evidence did over all requests, scaled by how this request's first tokens fare against all requests' (SmolLM2's copy
+tasks learn ~0.4-0.5 after a 1-token match, 0.8-0.9 after 3 or 4). The drafts proposed for a step are cut to the
+lengths that maximise the step's expected tokens per second (engine/spec/cost.py: step time by rows, learnt from
+this engine's own decode steps), so a batch large enough to make rows costly drafts less or not at all. A
+constrained request's drafts are cut at the first token its grammar refuses, so every verified position is one the
+grammar allows (and its mask is filled as if the drafts before it were accepted). Requests whose pages a transfer
+still holds never draft. A drafter that costs time of its own (a draft model) drafts only while the expected tokens
+per second with its drafts, its own time counted (learnt like the step's, by drafted tokens), beat plain decoding,
+with the drafter's first reading of a request (a draft model prefilling its prompt) spread over the request's
+remaining output (``_catch_up``); the probe steps draft regardless, so the estimate follows the requests'
+acceptance, and while the gate stays shut each probe comes twice as late as the last (64 steps up to 2048), and
+drafts for one request only, so a draft model that does not pay costs little more than its memory.
 
 The cost models do not start empty: at load the engine times plain and verified steps, and a draft model's
 forward, over scratch pages (engine/spec/prior.py), so the first requests are decided on this host's costs. A
