@@ -3,7 +3,10 @@
 Per dtype and per repeat, each engine in turn (the order alternates per repeat, so a noisy phase of a 2-core
 host does not fall on one engine only; one server runs at a time, so the other's idle threads cannot steal):
   1. start its OpenAI server and time until ``/health`` answers 200 (a warm start: weights in the page cache);
-  2. one warm-up request, so one-time costs (oneDNN kernels compiled per shape) are not timed;
+  2. one warm-up request, so one-time costs (oneDNN kernels compiled per shape) are not timed; ours then faults
+     its fresh KV pool in while idle (``splitserve_kv_pool_prefaulted_ratio``), so the benchmark waits for that
+     (``pool_ready_s`` in the raw results): a VM's untouched memory can take 20 s for a few GiB, and the
+     requests meanwhile fault their own pages (vLLM allocates its KV cache during its start-up);
   3. ``vllm bench serve --backend vllm --dataset-name random --ignore-eos`` (the peer's own client, from its
      virtualenv, the same binary against both servers, the same seed so the same prompts):
      batch 1: ``--batch1-prompts`` requests of 128 tokens in / 128 out, one at a time;
@@ -119,11 +122,28 @@ def measure(engine: str, args: argparse.Namespace, dtype: str) -> dict[str, dict
         ready_s = time.perf_counter() - t0
         httpx.post(srv.url + "/v1/completions", timeout=300, json={
             "model": NAME, "prompt": "Hello " * 500, "max_tokens": 8, "temperature": 0}).raise_for_status()
+        pool_ready_s = wait_pool_faulted_in(srv.url, t0) if engine in ("ours", "base") else None
         b1 = client(args, srv.url, args.batch1_prompts, 128, 128, 1)
         b64 = client(args, srv.url, args.big_batch, 512, 128, None)
-        return {"b1": b1, "b64": b64, "start": {"ready_s": ready_s, "memory_mb": tree_memory_mb(srv.proc.pid)}}
+        return {"b1": b1, "b64": b64, "start": {"ready_s": ready_s, "pool_ready_s": pool_ready_s,
+                                                "memory_mb": tree_memory_mb(srv.proc.pid)}}
     finally:
         srv.stop()
+
+
+def wait_pool_faulted_in(url: str, t0: float, timeout: float = 300.0) -> float | None:
+    """Seconds from ``t0`` until our server's KV pool is faulted in (its prefaulted ratio reaches 1); None from a
+    server without the metric (a --base before it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ratios = [float(line.split()[-1]) for line in httpx.get(url + "/metrics", timeout=10).text.splitlines()
+                  if line.startswith("splitserve_kv_pool_prefaulted_ratio{")]
+        if not ratios:
+            return None
+        if min(ratios) >= 1.0:
+            return time.perf_counter() - t0
+        time.sleep(0.25)
+    raise RuntimeError(f"{url}: the KV pool was not faulted in after {timeout:.0f} s")
 
 
 def main() -> None:

@@ -224,7 +224,7 @@ class EngineCore:
 
     def idle_chore(self) -> bool:
         """Background work for an idle engine, one bounded piece per call (faulting the KV pool in: KVPool.
-        prefault_next, ~6 ms); False when none is left."""
+        prefault_next, ~4 ms); False when none is left."""
         if not self.pool.prefault_pending:
             return False
         self.pool.prefault_next()

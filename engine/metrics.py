@@ -30,6 +30,9 @@ class EngineMetrics:
         gauge("splitserve_kv_pages_used", "KV pages in use (requests and prefix cache)",
               lambda: core.allocator.used)
         gauge("splitserve_kv_pages_total", "KV pages in the pool", lambda: core.allocator.capacity)
+        gauge("splitserve_kv_pool_prefaulted_ratio", "Part of the KV pool faulted in ahead of use (an idle engine "
+              "faults a fresh host pool in; until 1, steps may fault their new pages themselves)",
+              lambda: core.pool.prefaulted_ratio)
         gauge("splitserve_radix_cache_evictable_size", "Cached tokens no request holds (evictable)",
               lambda: core.cache.evictable_size)
         gauge("splitserve_radix_cache_protected_size", "Cached tokens locked by in-flight requests",

@@ -1,6 +1,7 @@
 """A fresh host KV pool is faulted in while the engine is idle (KVPool.prefault_next, MADV_POPULATE_WRITE), so
 the first requests' steps do not pay for the page faults: the pool's pages become resident, whatever the pool
-already held stays as it was, and a request sent meanwhile is served as usual."""
+already held stays as it was, a request sent meanwhile is served as usual, and each piece is sized from the last
+one's rate so that it takes about the same time however fast this host faults memory in."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from engine.async_engine import AsyncEngine
-from engine.mem.kv_pool import KVPool, KVShape
+from engine.mem.kv_pool import (PREFAULT_MAX_BYTES, PREFAULT_MIN_BYTES, KVPool, KVShape,
+                                 prefault_piece_bytes)
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_core
 
@@ -31,14 +33,26 @@ def test_prefaulting_makes_the_pool_resident_and_keeps_its_contents() -> None:
     pool.data[3, 1, 5000] = 7.0
     pool.data[7, 0, -1] = -2.0
     before = rss_bytes()
+    assert pool.prefaulted_ratio == 0.0
     chunks = 0
     while pool.prefault_pending:
         pool.prefault_next()
         chunks += 1
-    assert chunks >= 16  # in bounded pieces, not one call
+    assert chunks >= 128 * 2**20 // PREFAULT_MAX_BYTES + 1  # in bounded pieces (the first a small probe)
     assert rss_bytes() - before > 100 * 2**20
+    assert pool.prefaulted_ratio == 1.0
     assert (pool.data[3, 1, 5000] == 7.0).all() and (pool.data[7, 0, -1] == -2.0).all()
     assert pool.data[:, :, :16].abs().sum() == 0  # the null page is still zeros
+
+
+def test_a_piece_is_sized_from_the_last_ones_rate() -> None:
+    budget = 0.004
+    fast = prefault_piece_bytes(8 << 20, 0.002, budget)  # 4 GB/s: 16 MiB in the budget
+    slow = prefault_piece_bytes(8 << 20, 0.050, budget)  # a VM's untouched memory: 160 MB/s, ~0.6 MiB
+    assert fast == 16 << 20
+    assert PREFAULT_MIN_BYTES <= slow < 1 << 20 and slow % 4096 == 0
+    assert prefault_piece_bytes(8 << 20, 0.0, budget) == PREFAULT_MAX_BYTES  # bounded above
+    assert prefault_piece_bytes(4096, 1.0, budget) == PREFAULT_MIN_BYTES  # and below: progress however slow
 
 
 def test_the_engine_faults_its_pool_in_while_idle_and_still_serves(tiny_model_dir: Path) -> None:

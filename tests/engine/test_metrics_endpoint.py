@@ -8,7 +8,8 @@ import httpx
 from tests.helpers import ServerProcess
 
 NAMES = ["splitserve_num_running_reqs", "splitserve_num_queue_reqs", "splitserve_kv_pages_used",
-         "splitserve_kv_pages_total", "splitserve_radix_cache_evictable_size", "splitserve_radix_cache_protected_size",
+         "splitserve_kv_pages_total", "splitserve_kv_pool_prefaulted_ratio", "splitserve_radix_cache_evictable_size",
+         "splitserve_radix_cache_protected_size",
          "splitserve_prefix_cache_hit_rate", "splitserve_time_to_first_token_seconds_bucket",
          "splitserve_inter_token_latency_seconds_bucket", "splitserve_e2e_request_latency_seconds_bucket",
          "splitserve_prompt_tokens_total", "splitserve_generation_tokens_total"]
