@@ -8,7 +8,8 @@ generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's
 pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only). ``--gemm-base REV`` adds
 an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
 the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
-without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--prefill`` times the prefill of
+without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--attention-base REV`` does the same
+with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c). ``--prefill`` times the prefill of
 ``--batch`` prompts of ``--context`` tokens (the server's chunk size and step budget) instead of a decode step.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
@@ -17,6 +18,7 @@ without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--pr
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --dtype bfloat16 --batch 1 --gemm-base off
+    python -m benchmarks.bench_decode_ab --model smollm2 --batch 64 --context 512 --attention-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --prefill --batch 4 --context 512 --steps 8 \
         --variant weight_prepack=off --variant weight_prepack=auto
 """
@@ -40,6 +42,7 @@ from engine import native
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
 from engine.models import linear
+from engine.runner.attention import cpu_kernels
 from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
 from engine.sampling_params import SamplingParams
 
@@ -102,18 +105,21 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     names = args.variant or ["default"]
     build = prefill_engine if args.prefill else decode_engine
     cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
-    if args.gemm_base:
-        base_lib = None if args.gemm_base == "off" else source_at(args.gemm_base, "engine/models/few_rows_gemm.c",
-                                                                   linear.few_rows_kernel())
-        current = linear.few_rows_kernel
-        linear.few_rows_kernel = lambda: base_lib  # the engine built now loads REV's kernel
+    for rev, module, source, what in ((args.gemm_base, linear, "engine/models/few_rows_gemm.c", "few-rows GEMM"),
+                                      (args.attention_base, cpu_kernels, DECODE_SOURCE, "decode attention")):
+        if not rev:
+            continue
+        attr = "few_rows_kernel" if module is linear else "decode_kernel"
+        current = getattr(module, attr)
+        base_lib = None if rev == "off" else source_at(rev, source, current())
+        setattr(module, attr, lambda lib=base_lib: lib)  # the engine built now loads REV's kernel
         try:
             cores.append(build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps,
                                variants[0]))
         finally:
-            linear.few_rows_kernel = current
-        names.append(f"{names[0]} without the few-rows GEMM" if base_lib is None
-                     else f"{names[0]} with {args.gemm_base}'s few-rows GEMM")
+            setattr(module, attr, current)
+        names.append(f"{names[0]} without the {what} kernel" if base_lib is None
+                     else f"{names[0]} with {rev}'s {what}")
     prompts = prompts_for(args.batch, args.context, 4000)
     times: list[list[float]] = [[] for _ in cores]
     for _ in range(args.steps):
@@ -221,6 +227,8 @@ def main() -> None:
     ap.add_argument("--gemm-base", default=None, metavar="REV",
                     help="also step an engine whose few-rows GEMM is REV's, or (off) one without it, alternating with "
                          "the others")
+    ap.add_argument("--attention-base", default=None, metavar="REV",
+                    help="also step an engine whose decode-attention kernel is REV's, or (off) one without it")
     ap.add_argument("--kernel-repeats", type=int, default=5, help="--kernel: samples per body and table")
     ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))

@@ -22,7 +22,7 @@ from engine.models import row_ops
 from engine.models import linear as linear_layers
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionMeta
-from engine.runner.attention.cpu_kernels import decode_kernel
+from engine.runner.attention import cpu_kernels
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,9 @@ class DecodeStack:
     def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int],
                  operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]], lib: ctypes.CDLL) -> None:
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
-        # looked up through the module when built, so an engine built with another GEMM kernel (bench_decode_ab
-        # --gemm-base) runs it in the stack too
-        kernels = linear_layers.few_rows_kernel(), row_ops.kernel(), decode_kernel()
+        # looked up through their modules when built, so an engine built with another GEMM or attention kernel
+        # (bench_decode_ab --gemm-base, --attention-base) runs it in the stack too
+        kernels = linear_layers.few_rows_kernel(), row_ops.kernel(), cpu_kernels.decode_kernel()
         assert all(k is not None for k in kernels)
         gemm, rows_lib, attention = kernels
         self.model, self.rows, self._lib = model, rows, lib
@@ -107,7 +107,7 @@ class DecodeStack:
                 or model.embed_tokens.weight.device.type != "cpu" or pool.shape.dtype != dtype
                 or cfg.hidden_size > row_ops.MAX_NORM_DIM or row_ops.kernel() is None
                 or linear_layers.few_rows_kernel() is None
-                or decode_kernel() is None):
+                or cpu_kernels.decode_kernel() is None):
             return None
         rows: frozenset[int] | None = None
         operands = []

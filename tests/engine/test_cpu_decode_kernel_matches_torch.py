@@ -91,3 +91,24 @@ def test_shapes_beyond_the_kernel_decode_through_torch(tiny_model_dir) -> None: 
         core.run_to_completion([req])
         outputs.append(req.output_ids)
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("page", [16, 32])
+def test_a_row_attends_to_the_same_bits_alone_and_in_a_batch(kv_dtype: torch.dtype, page: int) -> None:
+    """A batch's tasks read whole rows (every kv head of a sequence, the next block's rows read through the
+    current block's compute); a sequence alone is split by kv head and walks its pages. Both sum in one order."""
+    lib = decode_kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the pure-torch path is used instead")
+    heads, kv_heads, dim, pages = 9, 3, 64, 96
+    gen = torch.Generator().manual_seed(7)
+    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    lens = torch.tensor([1, 16, 17, 95, 300, 513, 40, 33])
+    table = torch.stack([torch.randperm(pages - 1, generator=gen)[:40] + 1 for _ in lens])
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(kv_dtype)
+    batch = decode_attention(lib, q, k_cache, v_cache, table, lens, page, dim ** -0.5)
+    for b in range(len(lens)):
+        alone = decode_attention(lib, q[b:b + 1], k_cache, v_cache, table[b:b + 1], lens[b:b + 1], page, dim ** -0.5)
+        assert torch.equal(alone[0], batch[b]), b
