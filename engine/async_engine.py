@@ -202,7 +202,10 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         if self._on_outputs is not None:
-            self._on_outputs(outputs)
+            try:
+                self._on_outputs(outputs)
+            except Exception:  # an observer's failure (metrics) must not keep the outputs from their streams
+                log.exception("the outputs' observer failed; the outputs are delivered regardless")
         for out in outputs:
             q = self._streams.get(out.req.rid)
             if q is not None:
