@@ -105,11 +105,11 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     names = args.variant or ["default"]
     build = prefill_engine if args.prefill else decode_engine
     cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
-    for rev, module, source, what in ((args.gemm_base, linear, "engine/models/few_rows_gemm.c", "few-rows GEMM"),
-                                      (args.attention_base, cpu_kernels, DECODE_SOURCE, "decode attention")):
+    for rev, module, attr, source, what in (
+            (args.gemm_base, linear, "few_rows_kernel", "engine/models/few_rows_gemm.c", "few-rows GEMM"),
+            (args.attention_base, cpu_kernels, "decode_kernel", DECODE_SOURCE, "decode attention")):
         if not rev:
             continue
-        attr = "few_rows_kernel" if module is linear else "decode_kernel"
         current = getattr(module, attr)
         base_lib = None if rev == "off" else source_at(rev, source, current())
         setattr(module, attr, lambda lib=base_lib: lib)  # the engine built now loads REV's kernel

@@ -63,15 +63,16 @@ def monotone(points: list[tuple[int, tuple[float, float]]]) -> list[tuple[int, f
 
 
 class StepCost:
-    def __init__(self, prior: dict[int, float] | None = None) -> None:
+    def __init__(self, prior: dict[int, float] | None = None, margin: float = TRIM_MARGIN) -> None:
         """``prior``: rows -> seconds timed at load (engine/spec/prior.py). It gives the curve's shape where no
         step was seen; its level follows the steps seen (a timed forward lacks the sampling and bookkeeping of
-        a real step, so where both exist their mean difference is added to the prior's other row counts)."""
+        a real step, so where both exist their mean difference is added to the prior's other row counts).
+        ``margin``: the least expected gain in tokens per second for which ``trim`` keeps any draft."""
         self._prior = dict(prior or {})
         self._mean: dict[int, float] = {}  # rows -> weighted mean seconds
         self._weight: dict[int, float] = {}  # rows -> weight of that mean (decayed as other steps arrive)
         self._table: list[tuple[int, float]] | None = None  # sorted (rows, non-decreasing seconds), rebuilt lazily
-        self.margin = TRIM_MARGIN
+        self._margin = margin
 
     def observe(self, rows: int, seconds: float) -> None:
         guess = self.estimate(rows)
@@ -136,7 +137,7 @@ class StepCost:
             cost = self.estimate(decodes + count) or 0.0
             rates.append(tokens / cost if cost > 0 else float("inf"))
         best = max(rates)
-        if best < rates[0] * (1 + self.margin) and len(self._points()) > 1:  # too close to call: plain decoding
+        if best < rates[0] * (1 + self._margin) and len(self._points()) > 1:  # too close to call: plain decoding
             # (with one row count seen, more rows are taken as free, so drafting explores their cost)
             return [0] * len(drafts)
         keep = max(i for i, r in enumerate(rates) if r >= best * (1 - TIE))

@@ -9,8 +9,8 @@ import pytest
 from engine.spec.cost import TRIM_MARGIN, StepCost, chain_values, expected_accepted, monotone
 
 
-def learnt(cost_of_rows) -> StepCost:  # noqa: ANN001 - rows -> seconds
-    cost = StepCost()
+def learnt(cost_of_rows, margin: float = TRIM_MARGIN) -> StepCost:  # noqa: ANN001 - rows -> seconds
+    cost = StepCost(margin=margin)
     for rows in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144):
         for _ in range(30):
             cost.observe(rows, cost_of_rows(rows))
@@ -62,12 +62,11 @@ def test_a_draft_expected_to_gain_less_than_the_margin_is_not_verified() -> None
     """A row costs a tenth of a step and a lone draft token is accepted 15% of the time: verifying it would raise
     tokens per second by 5% on the estimates, within what they can tell apart, so the step decodes plainly;
     at 60% (a 47% gain) it drafts."""
-    cost = learnt(lambda rows: 0.040 + 0.004 * rows)
-    assert cost.trim(1, [chain_values(0.15, 1)]) == [0]
-    cost.margin = 0.0
-    assert cost.trim(1, [chain_values(0.15, 1)]) == [1]
-    cost.margin = TRIM_MARGIN
-    assert cost.trim(1, [chain_values(0.6, 1)]) == [1]
+    def step(rows: int) -> float:
+        return 0.040 + 0.004 * rows
+    assert learnt(step).trim(1, [chain_values(0.15, 1)]) == [0]
+    assert learnt(step, margin=0.0).trim(1, [chain_values(0.15, 1)]) == [1]
+    assert learnt(step).trim(1, [chain_values(0.6, 1)]) == [1]
 
 
 def test_estimates_follow_the_line_of_the_steps_seen() -> None:
