@@ -10,10 +10,10 @@
  * 113, before the prefetching below). engine/models/linear.py measures at load which row counts come here.
  *
  * Up to ROWDOT_ROWS x rows, each weight row is read once and dotted with every x row, one accumulator per x row
- * in registers (16 lanes at a time with GCC vector extensions: AVX-512 where the compiler targets it, two AVX2
- * halves otherwise); the tail of K runs scalar. More x rows are split as evenly as possible into tiles of at most
- * TILE_X, each taken against 4 weight rows (24 accumulators: 10 loads for 24 FMAs), the weight rows from L1 for
- * every tile after the first. While a group of 4 weight rows is computed, the next group is prefetched, a share
+ * in registers (the target's vector width along K, vk below); the tail of K runs scalar. More x rows are split as
+ * evenly as possible into tiles of at most TILE_X, each taken against TILE_W weight rows (AVX-512: 4 x 6, 24
+ * accumulators, 10 loads for 24 FMAs), the weight rows from L1 for every tile after the first. While a group of
+ * weight rows is computed, the next group is prefetched, a share
  * of its rows during each tile, so the memory stream keeps going while the cores compute: without it the time of
  * a step was the sum of its compute and its weight reads, not the larger of the two (2 threads, Zen 5, SmolLM2's
  * 30 layers and LM head, interleaved in one C harness: 8 rows 23.2 -> 13.9 ms, 12 rows 34.0 -> 17.0, 20 rows
@@ -24,43 +24,71 @@
  * (its 8 x loads per 8 FMAs bind the row-by-row loop): an engine's float32 decode step, tiles from 8 rows against
  * row-by-row up to 11 (bench_decode_ab --gemm-base, SmolLM2, 128-token contexts), batch 8 16.35 -> 14.74 ms,
  * 9 18.77 -> 13.37, 10 21.34 -> 14.54; batch 7 level either way. Every output is summed in the same order
- * whatever the row count (16 lanes along K, the same halving tree, the tail scalar), so a row's result does not
+ * whatever the row count (VK lanes along K, the same halving tree, the tail scalar), so a row's result does not
  * depend on its batch.
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
 #define MAX_ROWS 256 /* linear.py's MAX_ROWS */
-#define ROWDOT_ROWS 7 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
 #define ROWDOT_ROWS_BF16 11 /* the same for bfloat16, which has no tiles (more rows go to oneDNN) */
 #define PREFETCH_AHEAD 2048 /* floats (8 KiB) of the weight stream prefetched ahead of the row-by-row loop */
-#define TILE_X 6 /* x rows per tile against 4 weight rows: 24 accumulators */
 
-/* Where a vector is one register (AVX-512), make the compiler hold it in one: GCC otherwise folds the load of an
+/* The float32 path works in the target's own vector width (vk, VK lanes along K): GCC keeps a 64-byte vector
+ * type in registers only where AVX-512 gives it 64-byte registers, and elsewhere holds every such value in memory
+ * (each FMA of the v16 loops went through the stack on an AVX2-only Zen 1 host: 64 rows 7.9x slower than MKL,
+ * 8 rows 1.5x). So with AVX-512 vk is v16 (the tiles below, 4 weight rows x 6 x rows: 24 accumulators of 32
+ * registers); elsewhere it is 8 floats, and with 16 registers the tiles are 3 weight rows x 4 x rows (12
+ * accumulators, 3 weight vectors, one x vector). */
+#ifdef __AVX512F__
+#define VK 16
+typedef v16 vk;
+static inline vk loadk(const float *p) { return load16f(p); }
+static inline float hsumk(vk v) { return hsum16(v); }
+#define ROWDOT_ROWS 7 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#define TILE_W 4      /* weight rows per tile */
+#define TILE_X 6      /* x rows per tile at most */
+#else
+#define VK 8
+typedef float vk __attribute__((vector_size(32)));
+typedef int32_t vki __attribute__((vector_size(32)));
+static inline vk loadk(const float *p) {
+    vk v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline float hsumk(vk v) { /* the same halving tree on 8 lanes */
+    v += __builtin_shuffle(v, (vki){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (vki){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (vki){1, 0, 3, 2, 5, 4, 7, 6});
+    return v[0];
+}
+#define ROWDOT_ROWS 7
+#define TILE_W 3
+#define TILE_X 4
+#endif
+
+/* Make the compiler hold a vector in a register: GCC otherwise folds the load of an
  * x vector into each of its 4 FMAs (a memory operand), 4 loads where 1 does, and the tiles' loop becomes bound by
  * the load ports instead of the FMAs. SmolLM2's 30 layers, distinct weights per layer, alternating with the
  * folded build (2 threads, Zen 5): 12 rows 16.4 -> 12.6 ms, 32 rows 29.7 -> 23.7, 64 rows 47.1 -> 43.2; a batch-64
  * float32 decode step 126.5 -> 114.5 ms (bench_decode_ab --gemm-base). */
-#ifdef __AVX512F__
 #define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
-#else
-#define KEEP_IN_REGISTER(v) (void)0
-#endif
 
 /* ROWS x rows (a constant after inlining) against one weight row, read once, front to back (one stream per
  * thread, prefetched PREFETCH_AHEAD floats ahead: 1,024 and 4,096 measured slower), the ROWS accumulators in
  * registers (x rows from L1/L2). At these row counts the weight reads bound the time. */
 static inline __attribute__((always_inline)) void row_dot(const float *x, int k_dim, const int rows,
                                                           const float *w, float bias, float *y, int n_total) {
-    v16 acc[ROWDOT_ROWS];
-    for (int i = 0; i < rows; i++) acc[i] = (v16){0};
-    const int kv = k_dim & ~15;
-    for (int k = 0; k < kv; k += 16) {
-        const v16 wv = load16f(w + k);
-        __builtin_prefetch(w + k + PREFETCH_AHEAD, 0, 0); /* past the row: the block's next rows, contiguous */
-        for (int i = 0; i < rows; i++) acc[i] += load16f(x + (int64_t)i * k_dim + k) * wv;
+    vk acc[ROWDOT_ROWS];
+    for (int i = 0; i < rows; i++) acc[i] = (vk){0};
+    const int kv = k_dim - k_dim % VK;
+    for (int k = 0; k < kv; k += VK) {
+        const vk wv = loadk(w + k);
+        if (k % 16 == 0) __builtin_prefetch(w + k + PREFETCH_AHEAD, 0, 0); /* past the row: the next rows */
+        for (int i = 0; i < rows; i++) acc[i] += loadk(x + (int64_t)i * k_dim + k) * wv;
     }
     for (int i = 0; i < rows; i++) {
-        float s = hsum16(acc[i]);
+        float s = hsumk(acc[i]);
         const float *xr = x + (int64_t)i * k_dim;
         for (int k = kv; k < k_dim; k++) s += xr[k] * w[k];
         y[(int64_t)i * n_total] = s + bias;
@@ -71,29 +99,31 @@ static inline __attribute__((always_inline)) void row_dot(const float *x, int k_
     case R: for (int r = 0; r < nb; r++) row_dot(x, k, R, wb + (int64_t)r * k, bb ? bb[r] : 0.0f, yb + r, n); break;
 
 /* XR x rows against WR weight rows (constants after inlining): WR x XR accumulators in registers, so each
- * 16-float step loads WR + XR vectors for WR * XR FMAs. Every output is summed as row_dot sums it (16 lanes
+ * VK-float step loads WR + XR vectors for WR * XR FMAs. Every output is summed as row_dot sums it (VK lanes
  * along K, the same halving tree, the tail scalar), so a row's result does not depend on the tile. */
 static inline __attribute__((always_inline)) void tile_dot(const float *x, int k_dim, const int XR, const float *w,
                                                            const int WR, const float *bias, float *y, int n_total,
                                                            const float *pf, int pf_rows) {
-    v16 acc[4][TILE_X];
+    vk acc[TILE_W][TILE_X];
     for (int r = 0; r < WR; r++)
-        for (int i = 0; i < XR; i++) acc[r][i] = (v16){0};
-    const int kv = k_dim & ~15;
-    for (int k = 0; k < kv; k += 16) {
-        v16 wv[4];
-        for (int r = 0; r < WR; r++) wv[r] = load16f(w + (int64_t)r * k_dim + k);
-        if (pf_rows > 0) __builtin_prefetch(pf + k, 0, 3); /* pf_rows <= 2 (block() spreads 4 over >= 2 tiles) */
-        if (pf_rows > 1) __builtin_prefetch(pf + k_dim + k, 0, 3);
+        for (int i = 0; i < XR; i++) acc[r][i] = (vk){0};
+    const int kv = k_dim - k_dim % VK;
+    for (int k = 0; k < kv; k += VK) {
+        vk wv[TILE_W];
+        for (int r = 0; r < WR; r++) wv[r] = loadk(w + (int64_t)r * k_dim + k);
+        if (k % 16 == 0) { /* a line a row: pf_rows <= 2 (block() spreads TILE_W rows over >= 2 tiles) */
+            if (pf_rows > 0) __builtin_prefetch(pf + k, 0, 3);
+            if (pf_rows > 1) __builtin_prefetch(pf + k_dim + k, 0, 3);
+        }
         for (int i = 0; i < XR; i++) {
-            v16 xv = load16f(x + (int64_t)i * k_dim + k);
+            vk xv = loadk(x + (int64_t)i * k_dim + k);
             KEEP_IN_REGISTER(xv);
             for (int r = 0; r < WR; r++) acc[r][i] += xv * wv[r];
         }
     }
     for (int r = 0; r < WR; r++)
         for (int i = 0; i < XR; i++) {
-            float s = hsum16(acc[r][i]);
+            float s = hsumk(acc[r][i]);
             const float *xr = x + (int64_t)i * k_dim, *wr = w + (int64_t)r * k_dim;
             for (int k = kv; k < k_dim; k++) s += xr[k] * wr[k];
             y[(int64_t)i * n_total + r] = s + (bias ? bias[r] : 0.0f);
@@ -102,15 +132,21 @@ static inline __attribute__((always_inline)) void tile_dot(const float *x, int k
 
 #define TILE_CASE(XR) \
     case XR: \
-        if (wr == 4) tile_dot(x, k, XR, w, 4, bias, y, n, pf, pf_rows); \
+        if (wr == TILE_W) tile_dot(x, k, XR, w, TILE_W, bias, y, n, pf, pf_rows); \
         else tile_dot(x, k, XR, w, 1, bias, y, n, pf, pf_rows); \
         break;
 
-/* `rows` (<= TILE_X) x rows against `wr` (4 or 1) weight rows, prefetching `pf_rows` rows from `pf` */
+/* `rows` (<= TILE_X) x rows against `wr` (TILE_W or 1) weight rows, prefetching `pf_rows` rows from `pf` */
 static inline void tile(const float *x, int k, int rows, const float *w, int wr, const float *bias, float *y,
                         int n, const float *pf, int pf_rows) {
     switch (rows) {
-        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4)
+#if TILE_X > 4
+        TILE_CASE(5)
+#endif
+#if TILE_X > 5
+        TILE_CASE(6)
+#endif
     }
 }
 
@@ -130,11 +166,11 @@ static __attribute__((noinline)) void block(const float *x, const float *w, cons
                                              int n, int k, int n0, int nb) {
     const float *wb = w + (int64_t)n0 * k, *bb = bias ? bias + n0 : 0;
     float *yb = y + n0;
-    if (m > ROWDOT_ROWS) { /* 4 weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
+    if (m > ROWDOT_ROWS) { /* TILE_W weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
         const int tiles = (m + TILE_X - 1) / TILE_X;
         for (int r = 0; r < nb;) {
-            const int wr = nb - r >= 4 ? 4 : 1;
-            const int ahead = n - (n0 + r + wr) < 4 ? n - (n0 + r + wr) : 4; /* rows of the next group, to fetch */
+            const int wr = nb - r >= TILE_W ? TILE_W : 1;
+            const int ahead = n - (n0 + r + wr) < TILE_W ? n - (n0 + r + wr) : TILE_W; /* the next group's rows */
             for (int t = 0, done = 0; t < tiles; t++) {
                 const int rows = (m - done) / (tiles - t), p0 = ahead * t / tiles, p1 = ahead * (t + 1) / tiles;
                 tile(x + (int64_t)done * k, k, rows, wb + (int64_t)r * k, wr, bb ? bb + r : 0,
@@ -176,12 +212,19 @@ static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t 
 }
 static inline float acc_sum(acc_bf16 acc) { return hsum16((v16)acc); }
 #else
-#define BF16_STEP 16
-typedef v16 acc_bf16;
-static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
-    return acc + load16bf(x) * load16bf(w);
+#define BF16_STEP VK
+typedef vk acc_bf16;
+static inline vk loadk_bf16(const uint16_t *p) { /* VK bfloat16 values widened to float32 */
+    typedef uint32_t u32k __attribute__((vector_size(VK * 4)));
+    typedef uint16_t u16k __attribute__((vector_size(VK * 2)));
+    u16k h;
+    memcpy(&h, p, sizeof h);
+    return (vk)(__builtin_convertvector(h, u32k) << 16);
 }
-static inline float acc_sum(acc_bf16 acc) { return hsum16(acc); }
+static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
+    return acc + loadk_bf16(x) * loadk_bf16(w);
+}
+static inline float acc_sum(acc_bf16 acc) { return hsumk(acc); }
 #endif
 
 static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *x, int k_dim, const int rows,
@@ -191,7 +234,7 @@ static inline __attribute__((always_inline)) void row_dot_bf16(const uint16_t *x
     for (int i = 0; i < rows; i++) memset(&acc[i], 0, sizeof acc[i]);
     const int kv = k_dim - k_dim % BF16_STEP;
     for (int k = 0; k < kv; k += BF16_STEP) {
-        __builtin_prefetch(w + k + 2 * PREFETCH_AHEAD, 0, 0); /* the same 8 KiB ahead */
+        if (k % 32 == 0) __builtin_prefetch(w + k + 2 * PREFETCH_AHEAD, 0, 0); /* the same 8 KiB ahead */
         for (int i = 0; i < rows; i++) acc[i] = dot_step(acc[i], x + (int64_t)i * k_dim + k, w + k);
     }
     for (int i = 0; i < rows; i++) {

@@ -269,7 +269,7 @@ class FewRowsLinear(nn.Linear):
                         if onednn and packed else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == torch.float32
+        if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == self.weight.dtype
                 and self.weight.is_contiguous()):
             if x.shape[0] in self.rows:
                 return few_rows_gemm(self._lib, x, self.weight, self.bias)
@@ -282,9 +282,12 @@ class FewRowsLinear(nn.Linear):
         return (self.rows, self.weight, self.bias) if self.rows and self.weight.is_contiguous() else None
 
 
-def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None, packed: bool = True) -> int:
-    """Route ``model``'s float32 CPU ``nn.Linear`` layers (and a tied LM head, as ``model.lm_head`` sharing the
-    embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were.
+def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None, packed: bool = True,
+                        dtype: torch.dtype = torch.float32) -> int:
+    """Route ``model``'s ``dtype`` CPU ``nn.Linear`` layers (and a tied LM head, as ``model.lm_head`` sharing the
+    embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were. Bfloat16
+    layers come here where oneDNN does not pack them (a host without AVX-512, or ``--weight-prepack off``): the
+    kernel takes up to ``max_rows`` rows where it beats ``F.linear``, which takes the rest.
     ``packed``: where oneDNN takes the row counts the kernel does not (prefill), the decoder layers keep a copy
     of their weight in its layout. SmolLM2 on a Zen 5 host, 2 threads: a 128-token prompt's step 84 -> 76 ms,
     a 4 x 512-token step 1.15 -> 1.10 s (oneDNN reordered the whole weight at every call), for +425 MB; the LM
@@ -293,23 +296,25 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     if lib is None:
         return 0
     targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
-    if not targets:
+               if isinstance(mod, nn.Linear) and mod.weight.dtype == dtype and mod.weight.device.type == "cpu"]
+    if dtype not in KERNEL_DTYPES or not targets:
         return 0
     widest = _widest([mod.weight for _, mod in targets])
     # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default and MKL
-    big = widest.numel() >= CALIBRATE_MIN and onednn_beats_mkl(widest)
+    big = dtype == torch.float32 and widest.numel() >= CALIBRATE_MIN and onednn_beats_mkl(widest)
+    counts = CALIBRATE_ROWS if dtype == torch.float32 else tuple(range(1, max_rows(lib, dtype) + 1))
     # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape. Against
     # MKL even where oneDNN takes the other counts: oneDNN beat the kernel from ~30 rows on a Zen 5 host, but its
     # result for a row depends on how many rows came with it (its blocking follows the row count), and the
     # kernel's does not, so a decoding request's tokens do not depend on its batch (retraction, speculation). On
     # one weight, which stays in the cache: against MKL the kernel won every count to 64 that way on a Zen 5 host
     # and over a working set alike (working_set), which took 3.3 s against 0.4 at a host's first load
-    rows = (row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), Path(lib._name).stem),
-                                        lambda: calibrate_rows(lib, [widest]))
-            if widest.numel() >= CALIBRATE_MIN else DEFAULT_ROWS)
+    stem = Path(lib._name).stem + ("" if dtype == torch.float32 else "-bf16")
+    rows = (row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem),
+                                        lambda: calibrate_rows(lib, [widest], counts=counts))
+            if (timed := widest.numel() >= CALIBRATE_MIN) else DEFAULT_ROWS & set(counts))
     log.info("few-rows kernel for %s rows (%s on a %d x %d weight), %s for the others", _ranges(rows) or "no",
-             "timed on this host" if rows is not DEFAULT_ROWS else "the default: too small to time",
+             "timed on this host" if timed else "the default: too small to time",
              widest.shape[0], widest.shape[1], "oneDNN" if big else "F.linear (MKL)")
     if not rows and not big:
         return 0
@@ -317,7 +322,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big, packed=packed))
-    if tied_lm_head is not None and tied_lm_head.dtype == torch.float32 and tied_lm_head.device.type == "cpu":
+    if tied_lm_head is not None and tied_lm_head.dtype == dtype and tied_lm_head.device.type == "cpu":
         model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big)
         targets.append(("lm_head", model.lm_head))
     return len(targets)

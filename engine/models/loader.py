@@ -125,8 +125,8 @@ def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
     tied = model.embed_tokens.weight if cfg.tie_word_embeddings else None
     if should_prepack(prepack, device, torch_dtype):
         prepack_linears(model, tied)
-    elif device.type == "cpu" and torch_dtype == torch.float32:
-        use_few_rows_kernel(model, tied, packed=prepack != "off")
+    elif device.type == "cpu":
+        use_few_rows_kernel(model, tied, packed=prepack != "off", dtype=torch_dtype)
     log.info("loaded %s weights from %s as %s in %.1f s", cfg.architecture, gguf or model_dir,
              str(torch_dtype).replace("torch.", ""), time.monotonic() - start)
     return model, cfg, torch_dtype

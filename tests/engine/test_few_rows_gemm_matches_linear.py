@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from engine.models import linear, row_calibration
 from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack, few_rows_gemm,
                                   few_rows_kernel, max_rows, onednn_linear, use_few_rows_kernel, working_set)
+from engine.models.loader import load_model
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -50,6 +51,31 @@ def test_a_float32_model_uses_it_and_shares_its_weights(tiny_model_dir: Path,
     assert not any(isinstance(m, FewRowsLinear) for m in plain.model.modules())
     if core.arch.tie_word_embeddings:
         assert core.model.lm_head.weight.data_ptr() == core.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_bfloat16_model_that_is_not_packed_gives_its_few_rows_to_the_kernel(tiny_model_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # where oneDNN cannot pack bfloat16 (no AVX-512: F.linear's bfloat16 GEMM was 4x slower than float32 at 64
+    # rows on such a host) or packing is off, the kernel takes its bfloat16 rows (at most max_rows) and the rest
+    # go to F.linear; the calibration is pinned so the routing is what is tested
+    keys: list[str] = []
+
+    def pinned(key: str, measure: object, file: object = None) -> frozenset[int]:
+        keys.append(key)
+        return frozenset(range(1, 12))
+    monkeypatch.setattr(row_calibration, "cached_rows", pinned)
+    model, _, _ = load_model(tiny_model_dir, "bfloat16", torch.device("cpu"), "off")
+    layers = [m for m in model.modules() if isinstance(m, FewRowsLinear)]
+    assert layers and all(m.weight.dtype == torch.bfloat16 and not m.onednn for m in layers)
+    assert all("-bf16" in k for k in keys)  # its own calibration, not float32's
+    lib = few_rows_kernel()
+    assert max(layers[0].rows) <= max_rows(lib, torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    layer = layers[0]
+    for m in (1, 11, 12, 40):
+        x = torch.randn(m, layer.in_features, generator=g).to(torch.bfloat16)
+        assert torch.allclose(layer(x).float(), F.linear(x, layer.weight, layer.bias).float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(layer(x[:1]), few_rows_gemm(lib, x[:1], layer.weight, layer.bias))  # 1 row: the kernel's
 
 
 @pytest.mark.skipif(not can_prepack(torch.device("cpu"), torch.float32), reason="no oneDNN float32 GEMM here")
