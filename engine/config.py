@@ -29,7 +29,7 @@ class ModelConfig:
                 "to the folder name, or a GGUF file's name without its quantization tag)"})
     dtype: str = field(default="auto", metadata={
         "help": "weight dtype (and KV dtype unless --kv-cache-dtype); auto = the checkpoint's torch_dtype "
-                "(float32 on CPU for float16 checkpoints)",
+                "(float32 on CPU for float16 checkpoints, and for bfloat16 ones on a CPU without a bfloat16 GEMM)",
         "choices": DTYPES})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto (cuda when available)"})
     num_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
