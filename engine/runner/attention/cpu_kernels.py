@@ -67,14 +67,7 @@ def prefill_kernel() -> ctypes.CDLL | None:
             [ctypes.c_int] * 3
         lib.splitserve_prefill_supported.restype = ctypes.c_int
         lib.splitserve_prefill_supported.argtypes = [ctypes.c_int] * 4
-        lib.splitserve_prefill_preferred.restype = ctypes.c_int
     return lib
-
-
-def prefill_preferred(lib: ctypes.CDLL) -> bool:
-    """Whether the engine should prefill through the kernel on this host: its AVX-512 build (without AVX-512 it
-    ran 3.5x slower than torch's SDPA; cpu_prefill.c)."""
-    return bool(lib.splitserve_prefill_preferred())
 
 
 def prefill_supported(lib: ctypes.CDLL, head_dim: int, num_heads: int, num_kv_heads: int, page_size: int) -> bool:

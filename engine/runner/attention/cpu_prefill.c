@@ -344,18 +344,6 @@ static void task_bf16_any(const Args *A, float *w, int64_t s, int h, int64_t i0,
 }
 #endif
 
-/* 1 when this build is the one to use: the AVX-512 one. Without AVX-512 registers GCC holds every 64-byte v16
- * value in memory, and the kernel ran 3.5x slower than torch's SDPA (an AVX2-only AMD EPYC Zen 1, 2 threads,
- * SmolLM2's 9 heads x 512 positions x 64: ~70 against ~20 ms a layer in float32 and bfloat16), so callers take
- * SDPA there; the kernel still computes the same (its tests run it everywhere). */
-int splitserve_prefill_preferred(void) {
-#if defined(__AVX512F__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 /* 1 when the kernel takes these shapes (callers use another path otherwise), else 0 */
 int splitserve_prefill_supported(int head_dim, int num_heads, int num_kv_heads, int page_size) {
     return head_dim >= 16 && head_dim <= MAX_DIM && head_dim % 16 == 0 && num_kv_heads >= 1 &&

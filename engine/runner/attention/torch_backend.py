@@ -12,7 +12,7 @@ from engine.models import row_ops
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
 from engine.runner.attention import cpu_kernels
 from engine.runner.attention.cpu_kernels import (decode_attention, decode_supported, prefill_attention, prefill_kernel,
-                                                 prefill_preferred, prefill_supported)
+                                                 prefill_supported)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -32,8 +32,8 @@ class TorchAttentionBackend(AttentionBackend):
             native = None  # shapes beyond the kernel's limits decode through the gather path
         self._native = native
         prefill = prefill_kernel() if pool.data.device.type == "cpu" else None
-        if prefill is not None and not (prefill_preferred(prefill) and prefill_supported(
-                prefill, head_dim, num_heads, shape.num_kv_heads, self.page_size)):
+        if prefill is not None and not prefill_supported(prefill, head_dim, num_heads, shape.num_kv_heads,
+                                                         self.page_size):
             prefill = None
         self._prefill = prefill
         self._prefill_args: tuple[torch.Tensor, ...] | None = None
