@@ -9,7 +9,8 @@ pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compu
 an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
 the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
 without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--attention-base REV`` does the same
-with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c). ``--prefill`` times the prefill of
+with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c), ``--prefill-attention-base REV`` with
+REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c). ``--prefill`` times the prefill of
 ``--batch`` prompts of ``--context`` tokens (the server's chunk size and step budget) instead of a decode step.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
@@ -21,12 +22,15 @@ with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c). ``--p
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 64 --context 512 --attention-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --prefill --batch 4 --context 512 --steps 8 \
         --variant weight_prepack=off --variant weight_prepack=auto
+    python -m benchmarks.bench_decode_ab --model smollm2 --prefill --batch 4 --context 512 --steps 4 \
+        --prefill-attention-base HEAD~1
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import dataclasses
+import hashlib
 import statistics
 import subprocess
 import tempfile
@@ -107,7 +111,8 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
     for rev, module, attr, source, what in (
             (args.gemm_base, linear, "few_rows_kernel", "engine/models/few_rows_gemm.c", "few-rows GEMM"),
-            (args.attention_base, cpu_kernels, "decode_kernel", DECODE_SOURCE, "decode attention")):
+            (args.attention_base, cpu_kernels, "decode_kernel", DECODE_SOURCE, "decode attention"),
+            (args.prefill_attention_base, cpu_kernels, "prefill_kernel", PREFILL_SOURCE, "prefill attention")):
         if not rev:
             continue
         current = getattr(module, attr)
@@ -139,18 +144,28 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 DECODE_SOURCE = "engine/runner/attention/cpu_decode.c"
+PREFILL_SOURCE = "engine/runner/attention/cpu_prefill.c"
 
 
 def source_at(rev: str, path: str, like: ctypes.CDLL | None = None) -> ctypes.CDLL:
     """The native library of ``path`` (a C source of this repository) as it was at git revision ``rev``, compiled
-    like the current one, for an A/B; its functions that ``like`` (the current library, already declared) also
-    has get the same signatures."""
+    like the current one with the shared headers (engine/*.h) of ``rev``, for an A/B; its functions that ``like``
+    (the current library, already declared) also has get the same signatures."""
     source = Path(__file__).resolve().parent.parent / path
-    text = subprocess.run(["git", "-C", str(source.parent), "show", f"{rev}:./{source.name}"], check=True,
-                          capture_output=True, text=True).stdout
+    engine_dir = Path(native.__file__).resolve().parent
+
+    def show(file: Path) -> str:
+        return subprocess.run(["git", "-C", str(file.parent), "show", f"{rev}:./{file.name}"], check=True,
+                              capture_output=True, text=True).stdout
+
+    text = show(source)
+    headers = {h.name: show(h) for h in sorted(engine_dir.glob("*.h"))}
     with tempfile.TemporaryDirectory() as tmp:  # the compiled library lands in native's cache, not here
         copy = Path(tmp) / f"{source.stem}_{rev.replace('/', '_').replace('~', '_')}.c"
-        copy.write_text(text)
+        for name, body in headers.items():  # `#include "x.h"` finds these, next to the copy, first
+            (Path(tmp) / name).write_text(body)
+        digest = hashlib.sha256("".join(headers.values()).encode()).hexdigest()[:16]
+        copy.write_text(f"{text}\n/* {rev}'s headers: {digest} */\n")  # part of native's cache key
         lib = native.load(copy)
     if lib is None:
         raise SystemExit(f"no C compiler: {source.name} cannot be built")
@@ -229,6 +244,8 @@ def main() -> None:
                          "the others")
     ap.add_argument("--attention-base", default=None, metavar="REV",
                     help="also step an engine whose decode-attention kernel is REV's, or (off) one without it")
+    ap.add_argument("--prefill-attention-base", default=None, metavar="REV",
+                    help="also run an engine whose prefill-attention kernel is REV's, or (off) one without it (SDPA)")
     ap.add_argument("--kernel-repeats", type=int, default=5, help="--kernel: samples per body and table")
     ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))

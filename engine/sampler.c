@@ -32,9 +32,10 @@
 
 #include "vec16.h"
 
-#define CHUNK 64         /* tokens per partial sum: 4 vectors */
+#define CHUNK 64         /* tokens per partial sum */
+#define NV (CHUNK / VK)  /* its vectors (vec16.h's target width) */
 #define PARALLEL_ROWS 4  /* fewer rows run on the calling thread */
-#define LOWEST (-87.0f)  /* exp16's range: weights below exp(LOWEST) of the largest are zero */
+#define LOWEST (-87.0f)  /* expk's range: weights below exp(LOWEST) of the largest are zero */
 #define BUCKET_SHIFT 19  /* a weight's bucket: its float bits >> 19 */
 #define BUCKETS 2048     /* buckets of weights in [0, 1]: 1.0f's bits >> 19 is 2032 */
 
@@ -51,18 +52,27 @@ typedef struct {  /* one thread's scratch */
 } scratch_t;
 
 /* the chunk's weights exp((x[j] - m) * inv_temp), zero below exp(LOWEST) and past the row's end */
-static inline void chunk_weights(const float *x, int64_t base, int64_t vocab, float m, float inv_temp, v16 w[4]) {
+static inline void chunk_weights(const float *x, int64_t base, int64_t vocab, float m, float inv_temp, vk w[NV]) {
     if (base + CHUNK <= vocab) {
-        for (int k = 0; k < 4; k++) w[k] = load16f(x + base + 16 * k);
+        for (int k = 0; k < NV; k++) w[k] = loadk(x + base + VK * k);
     } else {
         float buf[CHUNK];
         for (int j = 0; j < CHUNK; j++) buf[j] = base + j < vocab ? x[base + j] : -INFINITY;
-        for (int k = 0; k < 4; k++) w[k] = load16f(buf + 16 * k);
+        for (int k = 0; k < NV; k++) w[k] = loadk(buf + VK * k);
     }
-    for (int k = 0; k < 4; k++) {
-        const v16 t = (w[k] - m) * inv_temp;
-        w[k] = pick(t < LOWEST, (v16){0}, exp16(t));
+    for (int k = 0; k < NV; k++) {
+        const vk t = (w[k] - m) * inv_temp;
+        w[k] = pickk(t < LOWEST, (vk){0}, expk(t));
     }
+}
+
+/* a chunk's weights summed as a tree of halvings over its vectors, then over the lanes */
+static inline float chunk_sum(const vk w[NV]) {
+    vk v[NV];
+    memcpy(v, w, sizeof v);
+    for (int n = NV / 2; n >= 1; n /= 2)
+        for (int k = 0; k < n; k++) v[k] = v[2 * k] + v[2 * k + 1];
+    return hsumk(v[0]);
 }
 
 static inline uint32_t bucket_of(float w) {
@@ -96,10 +106,10 @@ static int64_t invert_in_order(const float *x, int64_t vocab, float m, float inv
         before += sums[c];
     }
     if (c == chunks) c = last;  /* rounding put the target at the very end */
-    v16 w[4];
+    vk w[NV];
     chunk_weights(x, c * CHUNK, vocab, m, inv_temp, w);
     float flat[CHUNK];
-    for (int k = 0; k < 4; k++) store16f(flat + 16 * k, w[k]);
+    for (int k = 0; k < NV; k++) storek(flat + VK * k, w[k]);
     int64_t j_pick = -1;
     for (int j = 0; j < CHUNK; j++) {
         if (flat[j] <= 0.0f) continue;
@@ -118,9 +128,9 @@ static int64_t draw_filtered(const float *x, int64_t vocab, float m, float inv_t
     memset(s->mass, 0, BUCKETS * sizeof *s->mass);
     float flat[CHUNK];
     for (int64_t c = 0; c < chunks; c++) {
-        v16 w[4];
+        vk w[NV];
         chunk_weights(x, c * CHUNK, vocab, m, inv_temp, w);
-        for (int k = 0; k < 4; k++) store16f(flat + 16 * k, w[k]);
+        for (int k = 0; k < NV; k++) storek(flat + VK * k, w[k]);
         for (int j = 0; j < CHUNK; j++) {
             if (flat[j] <= 0.0f) continue;
             const uint32_t b = bucket_of(flat[j]);
@@ -144,9 +154,9 @@ static int64_t draw_filtered(const float *x, int64_t vocab, float m, float inv_t
     }
     int64_t n = 0;
     for (int64_t c = 0; c < chunks; c++) {
-        v16 w[4];
+        vk w[NV];
         chunk_weights(x, c * CHUNK, vocab, m, inv_temp, w);
-        for (int k = 0; k < 4; k++) store16f(flat + 16 * k, w[k]);
+        for (int k = 0; k < NV; k++) storek(flat + VK * k, w[k]);
         for (int j = 0; j < CHUNK; j++)
             if (flat[j] > 0.0f && (int)bucket_of(flat[j]) >= cut)
                 s->cand[n++] = (cand_t){flat[j], (int32_t)(c * CHUNK + j)};
@@ -171,19 +181,19 @@ static int64_t draw_row(const float *x, int64_t vocab, float inv_temp, double u,
                         float min_p, scratch_t *s) {
     const int64_t chunks = (vocab + CHUNK - 1) / CHUNK;
     const int64_t full = vocab / CHUNK;
-    v16 mv = (v16){0} - INFINITY;
+    vk mv = (vk){0} - INFINITY;
     for (int64_t c = 0; c < full; c++)
-        for (int k = 0; k < 4; k++) {
-            const v16 v = load16f(x + c * CHUNK + 16 * k);
-            mv = pick(v > mv, v, mv);
+        for (int k = 0; k < NV; k++) {
+            const vk v = loadk(x + c * CHUNK + VK * k);
+            mv = pickk(v > mv, v, mv);
         }
-    float m = hmax(mv);
+    float m = hmaxk(mv);
     for (int64_t j = full * CHUNK; j < vocab; j++) m = x[j] > m ? x[j] : m;
     double total = 0.0;
     for (int64_t c = 0; c < chunks; c++) {
-        v16 w[4];
+        vk w[NV];
         chunk_weights(x, c * CHUNK, vocab, m, inv_temp, w);
-        s->sums[c] = (double)hsum16((w[0] + w[1]) + (w[2] + w[3]));
+        s->sums[c] = (double)chunk_sum(w);
         total += s->sums[c];
     }
     if (!(total > 0.0) || !isfinite(total)) return first_max(x, vocab);

@@ -34,30 +34,6 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* 16 bfloat16 values widened to float32 (a bfloat16 is the top half of a float32) */
-static inline v16 load16bf(const uint16_t *p) {
-    typedef uint32_t u16x32 __attribute__((vector_size(64)));
-    typedef uint16_t u16x16 __attribute__((vector_size(32)));
-    u16x16 h;
-    memcpy(&h, p, sizeof h);
-    return (v16)(__builtin_convertvector(h, u16x32) << 16);
-}
-
-/* each lane rounded to bfloat16 (to nearest even, as f32_to_bf16), kept as a float32 */
-static inline v16 round16bf(v16 v) {
-    const v16i u = (v16i)v, nan = (u & 0x7fffffff) > 0x7f800000;
-    const v16i r = (u + 0x7fff + ((u >> 16) & 1)) & (int32_t)0xffff0000u;
-    return (v16)((nan & 0x7fc00000) | (r & ~nan));
-}
-
-/* 16 float32 values rounded to bfloat16 and stored */
-static inline void store16bf(uint16_t *p, v16 v) {
-    typedef uint32_t u16x32 __attribute__((vector_size(64)));
-    typedef uint16_t u16x16 __attribute__((vector_size(32)));
-    const u16x16 h = __builtin_convertvector((u16x32)round16bf(v) >> 16, u16x16);
-    memcpy(p, &h, sizeof h);
-}
-
 /* the sum of a vector's lanes as a tree of halvings (4 shuffles and adds, not 15 scalar adds) */
 static inline float hsum16(v16 v) {
     v += __builtin_shuffle(v, (v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
@@ -88,16 +64,84 @@ static inline float hmax(v16 v) { /* a tree of halvings, as hsum16 (the maximum 
 
 /* exp(x) lanewise for x <= 0: x*log2(e) = n + f, |f| <= 0.5, 2^f by EXP2_POLY,
  * 2^n into the exponent bits. n is rounded by truncating t - 0.5 (t <= 0), not
- * by adding and subtracting a large constant, which reassociating compilers fold away. */
-static inline v16 exp16(v16 x) {
-    const v16 lo = (v16){0} - 87.0f;
-    x = pick(x < lo, lo, x);
-    const v16 t = x * 1.44269504088896341f;
-    const v16i n = __builtin_convertvector(t - 0.5f, v16i);
-    const v16 f = t - __builtin_convertvector(n, v16);
-    static const float c[] = EXP2_POLY;
-    v16 p = (v16){0} + c[0];
-    for (int i = 1; i < 7; i++) p = p * f + c[i];
-    return p * (v16)((n + 127) << 23);
+ * by adding and subtracting a large constant, which reassociating compilers fold away. One body for every width
+ * (V a float vector, VI the int32 vector of its lanes, PICK their lanewise choice). */
+#define DEFINE_EXP_NONPOSITIVE(NAME, V, VI, PICK) \
+    static inline V NAME(V x) { \
+        const V lo = (V){0} - 87.0f; \
+        x = PICK(x < lo, lo, x); \
+        const V t = x * 1.44269504088896341f; \
+        const VI n = __builtin_convertvector(t - 0.5f, VI); \
+        const V f = t - __builtin_convertvector(n, V); \
+        static const float c[] = EXP2_POLY; \
+        V p = (V){0} + c[0]; \
+        for (int i = 1; i < 7; i++) p = p * f + c[i]; \
+        return p * (V)((n + 127) << 23); \
+    }
+DEFINE_EXP_NONPOSITIVE(exp16, v16, v16i, pick)
+
+/* The target's own vector width, for loops whose vectors must live in registers: GCC keeps a 64-byte vector
+ * type in registers only where AVX-512 gives it 64-byte registers and elsewhere holds every such value in memory,
+ * loading and storing around each operation (a v16 loop on an AVX2-only Zen 1 host ran 3-8x slower than the same
+ * loop on 8-float vectors). So vk is v16 with AVX-512 and 8 floats otherwise; VK is its lane count. */
+#ifdef __AVX512F__
+#define VK 16
+typedef v16 vk;
+typedef v16i vki;
+static inline float hsumk(vk v) { return hsum16(v); }
+static inline float hmaxk(vk v) { return hmax(v); }
+#define pickk pick
+#define expk exp16
+#else
+#define VK 8
+typedef float vk __attribute__((vector_size(32)));
+typedef int32_t vki __attribute__((vector_size(32)));
+static inline float hsumk(vk v) { /* hsum16's halving tree on 8 lanes */
+    v += __builtin_shuffle(v, (vki){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (vki){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (vki){1, 0, 3, 2, 5, 4, 7, 6});
+    return v[0];
+}
+static inline vk pickk(vki m, vk a, vk b) { return (vk)(((vki)a & m) | ((vki)b & ~m)); }
+static inline float hmaxk(vk v) {
+    vk s = __builtin_shuffle(v, (vki){4, 5, 6, 7, 0, 1, 2, 3});
+    v = pickk(s > v, s, v);
+    s = __builtin_shuffle(v, (vki){2, 3, 0, 1, 6, 7, 4, 5});
+    v = pickk(s > v, s, v);
+    return v[0] > v[1] ? v[0] : v[1];
+}
+DEFINE_EXP_NONPOSITIVE(expk, vk, vki, pickk)
+#endif
+
+static inline vk loadk(const float *p) {
+    vk v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void storek(float *p, vk v) { memcpy(p, &v, sizeof v); }
+
+/* VK bfloat16 values widened to float32 (a bfloat16 is the top half of a float32) */
+static inline vk loadk_bf16(const uint16_t *p) {
+    typedef uint32_t u32k __attribute__((vector_size(VK * 4)));
+    typedef uint16_t u16k __attribute__((vector_size(VK * 2)));
+    u16k h;
+    memcpy(&h, p, sizeof h);
+    return (vk)(__builtin_convertvector(h, u32k) << 16);
+}
+
+/* each lane rounded to bfloat16 (to nearest even, as f32_to_bf16), kept as a float32 */
+static inline vk roundk_bf16(vk v) {
+    const vki u = (vki)v, nan = (u & 0x7fffffff) > 0x7f800000;
+    const vki r = (u + 0x7fff + ((u >> 16) & 1)) & (int32_t)0xffff0000u;
+    return (vk)((nan & 0x7fc00000) | (r & ~nan));
+}
+
+/* VK float32 values rounded to bfloat16 and stored */
+static inline void storek_bf16(uint16_t *p, vk v) {
+    typedef uint32_t u32k __attribute__((vector_size(VK * 4)));
+    typedef uint16_t u16k __attribute__((vector_size(VK * 2)));
+    const u16k h = __builtin_convertvector((u32k)roundk_bf16(v) >> 16, u16k);
+    memcpy(p, &h, sizeof h);
 }
 #endif

@@ -33,36 +33,15 @@
 #define ROWDOT_ROWS_BF16 11 /* the same for bfloat16, which has no tiles (more rows go to oneDNN) */
 #define PREFETCH_AHEAD 2048 /* floats (8 KiB) of the weight stream prefetched ahead of the row-by-row loop */
 
-/* The float32 path works in the target's own vector width (vk, VK lanes along K): GCC keeps a 64-byte vector
- * type in registers only where AVX-512 gives it 64-byte registers, and elsewhere holds every such value in memory
- * (each FMA of the v16 loops went through the stack on an AVX2-only Zen 1 host: 64 rows 7.9x slower than MKL,
- * 8 rows 1.5x). So with AVX-512 vk is v16 (the tiles below, 4 weight rows x 6 x rows: 24 accumulators of 32
- * registers); elsewhere it is 8 floats, and with 16 registers the tiles are 3 weight rows x 4 x rows (12
- * accumulators, 3 weight vectors, one x vector). */
-#ifdef __AVX512F__
-#define VK 16
-typedef v16 vk;
-static inline vk loadk(const float *p) { return load16f(p); }
-static inline float hsumk(vk v) { return hsum16(v); }
+/* The float32 path works in the target's own vector width (vec16.h's vk, VK lanes along K): with AVX-512 the
+ * tiles are 4 weight rows x 6 x rows (24 accumulators of 32 registers); elsewhere, with 16 registers of 8 floats,
+ * 3 weight rows x 4 x rows (12 accumulators, 3 weight vectors, one x vector). The v16 loops this replaced ran an
+ * AVX2-only Zen 1 host's 64 rows 7.9x slower than MKL, 8 rows 1.5x. */
 #define ROWDOT_ROWS 7 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+#ifdef __AVX512F__
 #define TILE_W 4      /* weight rows per tile */
 #define TILE_X 6      /* x rows per tile at most */
 #else
-#define VK 8
-typedef float vk __attribute__((vector_size(32)));
-typedef int32_t vki __attribute__((vector_size(32)));
-static inline vk loadk(const float *p) {
-    vk v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline float hsumk(vk v) { /* the same halving tree on 8 lanes */
-    v += __builtin_shuffle(v, (vki){4, 5, 6, 7, 0, 1, 2, 3});
-    v += __builtin_shuffle(v, (vki){2, 3, 0, 1, 6, 7, 4, 5});
-    v += __builtin_shuffle(v, (vki){1, 0, 3, 2, 5, 4, 7, 6});
-    return v[0];
-}
-#define ROWDOT_ROWS 7
 #define TILE_W 3
 #define TILE_X 4
 #endif
@@ -214,13 +193,6 @@ static inline float acc_sum(acc_bf16 acc) { return hsum16((v16)acc); }
 #else
 #define BF16_STEP VK
 typedef vk acc_bf16;
-static inline vk loadk_bf16(const uint16_t *p) { /* VK bfloat16 values widened to float32 */
-    typedef uint32_t u32k __attribute__((vector_size(VK * 4)));
-    typedef uint16_t u16k __attribute__((vector_size(VK * 2)));
-    u16k h;
-    memcpy(&h, p, sizeof h);
-    return (vk)(__builtin_convertvector(h, u32k) << 16);
-}
 static inline acc_bf16 dot_step(acc_bf16 acc, const uint16_t *x, const uint16_t *w) {
     return acc + loadk_bf16(x) * loadk_bf16(w);
 }

@@ -134,55 +134,55 @@ int splitserve_kv_write(void *k_cache, void *v_cache, const int64_t *slots, int6
 
 /* SiLU-and-multiply of the MLP: out[t][i] = silu(gate[t][i]) * up[t][i], with gate and up the two halves of the
  * fused gate/up projection's row ([tokens, 2 * inter], contiguous) and out [tokens, inter]. silu(g) = g * s with
- * s = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (exp16: its argument is never positive, so
+ * s = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (expk: its argument is never positive, so
  * nothing overflows). bfloat16 rounds silu(g) to bfloat16 before the product and then the product, as torch's
  * silu followed by mul_ does. One function for every row count, so a decoding row gets the same bits whether it
  * runs with a prefill chunk, alone or in the native decode stack (engine/runner/decode_stack.c). */
-static inline v16 silu16(v16 g) {
-    const v16 zero = {0};
-    const v16i pos = g >= zero;
-    const v16 e = exp16(pick(pos, zero - g, g));
-    return g * (pick(pos, zero + 1.0f, e) / (e + 1.0f));
+static inline vk siluk(vk g) {
+    const vk zero = {0};
+    const vki pos = g >= zero;
+    const vk e = expk(pickk(pos, zero - g, g));
+    return g * (pickk(pos, zero + 1.0f, e) / (e + 1.0f));
 }
 
 static inline float silu1(float g) {
-    v16 v = {0};
+    vk v = {0};
     v[0] = g;
-    return silu16(v)[0];
+    return siluk(v)[0];
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 /* 16 bfloat16 lanes: VCVTNEPS2BF16 rounds to nearest even, as f32_to_bf16 does (NaNs stay NaNs, their bits may
  * differ); 2.5x fewer instructions than the generic conversions, which made this loop slower than torch's */
-static inline v16 widen_bf16(const uint16_t *p) {
-    return (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+static inline __m512 widen_bf16(const uint16_t *p) {
+    return (__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
 }
-static inline void silu_mul16_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
-    const __m512 s = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh((__m512)silu16(widen_bf16(g))));
-    _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, (__m512)widen_bf16(u))));
+static inline void silu_mulk_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
+    const __m512 s = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh((__m512)siluk((vk)widen_bf16(g))));
+    _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(s, widen_bf16(u))));
 }
 #else
-static inline void silu_mul16_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
-    store16bf(o, round16bf(silu16(load16bf(g))) * load16bf(u));
+static inline void silu_mulk_bf16(const uint16_t *g, const uint16_t *u, uint16_t *o) {
+    storek_bf16(o, roundk_bf16(siluk(loadk_bf16(g))) * loadk_bf16(u));
 }
 #endif
 
 int splitserve_silu_mul(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads) {
     if (tokens < 0 || inter < 1 || (dtype != 0 && dtype != 1)) return -1;
     const int nt = (int64_t)tokens * inter >= PARALLEL_ROWS * 1024 && threads > 1 ? threads : 1;
-    const int iv = inter - inter % 16;
+    const int iv = inter - inter % VK;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < tokens; t++) {
         if (dtype == 0) {
             const float *g = (const float *)gate_up + (int64_t)t * 2 * inter, *u = g + inter;
             float *o = (float *)out + (int64_t)t * inter;
-            for (int i = 0; i < iv; i += 16) store16f(o + i, silu16(load16f(g + i)) * load16f(u + i));
+            for (int i = 0; i < iv; i += VK) storek(o + i, siluk(loadk(g + i)) * loadk(u + i));
             for (int i = iv; i < inter; i++) o[i] = silu1(g[i]) * u[i];
         } else {
             const uint16_t *g = (const uint16_t *)gate_up + (int64_t)t * 2 * inter, *u = g + inter;
             uint16_t *o = (uint16_t *)out + (int64_t)t * inter;
-            for (int i = 0; i < iv; i += 16) silu_mul16_bf16(g + i, u + i, o + i);
+            for (int i = 0; i < iv; i += VK) silu_mulk_bf16(g + i, u + i, o + i);
             for (int i = iv; i < inter; i++)
                 o[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(silu1(bf16_to_f32(g[i])))) * bf16_to_f32(u[i]));
         }

@@ -25,8 +25,9 @@ def test_metrics_follow_requests(server: ServerProcess) -> None:
     before = httpx.get(server.url + "/metrics").text
     prompt = "metrics prompt that repeats so the second request hits the prefix cache " * 2
     for _ in range(2):
-        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 5}, timeout=30)
-        assert r.status_code == 200
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 5, "ignore_eos": True},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5  # a sampled EOS would stop it
     after = httpx.get(server.url + "/metrics").text
     for name in NAMES:
         value(after, name)

@@ -4,12 +4,15 @@
  * BQ query positions (with the query heads that share the kv head); it walks the keys up to its last position
  * BK at a time, keeping scores, running max and denominators, and the output rows in float32 (online softmax).
  *
- * Per key block: K is converted to float32 and transposed (16 x 16 lanes by shuffles) into [D][BK], so a query
+ * Per key block: K is converted to float32 and transposed (BK x BK lanes by shuffles) into [D][BK], so a query
  * row's BK scores are D broadcast-FMAs into one vector (no horizontal sums), RB query rows sharing each K load,
  * two FMA chains per row; the weights then multiply the block's V rows (converted once) into the output rows,
- * RB rows x PVW vectors at a time. Written with GCC vector extensions: AVX-512 where the compiler targets it,
- * narrower vectors otherwise. Tasks are taken dynamically, the longest (latest positions) first, since causal
- * tasks differ in length.
+ * RB rows x PVW vectors at a time. Written with GCC vector extensions in the target's width (vec16.h's vk): with
+ * AVX-512 a block is 16 keys and RB 8 rows; otherwise 8 keys and 4 rows, for 16 registers of 8 floats (on 16-float
+ * vectors GCC kept every value in memory there: an AVX2-only Zen 1 host ran 4 x 512 tokens of SmolLM2's heads in
+ * 229 ms a layer, 5 GFLOP/s, and runs them in 37 ms on 8 floats, SDPA 52; RB 2, 6 or 8 and PVW 3 or 4 level
+ * within 10%). Tasks are taken dynamically, the longest (latest positions) first, since causal tasks differ in
+ * length.
  *
  * Why: torch's CPU flash attention (SDPA) took 45% of a bfloat16 SmolLM2 prefill step (8 x 512 tokens: 949 ms
  * of 2.1 s, 30 layers; 3.6-4.7 ms per sequence and layer for 9 heads x 512 x 64, ~80 GFLOP/s). Tuned on that
@@ -37,21 +40,25 @@
 #include "vec16.h"
 
 #define BQ 32 /* query positions per task */
-#define BK 16 /* keys per block: one vector of scores */
-#define RB 8 /* query rows sharing each load */
+#define BK VK /* keys per block: one vector of scores */
 #define PVW 2 /* output vectors per row held in registers while the weights multiply V */
+#ifdef __AVX512F__
+#define RB 8 /* query rows sharing each load */
+#else
+#define RB 4 /* 16 registers: 2 x RB score chains, two K vectors and the broadcasts */
+#endif
 #define MAX_DIM 256
 #define MAX_GROUP 16
 
-typedef _Float16 h16f __attribute__((vector_size(32)));
+typedef _Float16 hkf __attribute__((vector_size(VK * 2)));
 
-/* 16 elements from base[idx] as float32 */
-static inline v16 load16(const void *base, int64_t idx, int dtype) {
-    if (dtype == 0) return load16f((const float *)base + idx);
-    if (dtype == 1) return load16bf((const uint16_t *)base + idx);
-    h16f hf;
+/* VK elements from base[idx] as float32 */
+static inline vk loadk_any(const void *base, int64_t idx, int dtype) {
+    if (dtype == 0) return loadk((const float *)base + idx);
+    if (dtype == 1) return loadk_bf16((const uint16_t *)base + idx);
+    hkf hf;
     memcpy(&hf, (const uint16_t *)base + idx, sizeof hf);
-    return __builtin_convertvector(hf, v16);
+    return __builtin_convertvector(hf, vk);
 }
 
 static inline void store_row(void *out, int64_t idx, const float *src, float inv, int D, int dtype) {
@@ -76,52 +83,64 @@ typedef struct {
     float scale;
 } Args;
 
-/* r[i][l] <- r[l][i]: four rounds of swapping the off-diagonal halves of 2x2 blocks of 8, 4, 2, 1 lanes */
-static inline void transpose16(v16 *r) {
-#define SWAP_ROUND(B, LO, HI) \
-    for (int i = 0; i < 16; i++) \
+/* r[i][l] <- r[l][i] for N x N lanes: rounds of swapping the off-diagonal halves of 2x2 blocks of N/2, ..., 1
+ * lanes */
+#define SWAP_ROUND(N, V, VI, B, LO, HI) \
+    for (int i = 0; i < N; i++) \
         if (!(i & B)) { \
-            const v16 a = r[i], b = r[i + B]; \
-            r[i] = __builtin_shuffle(a, b, (v16i)LO); \
-            r[i + B] = __builtin_shuffle(a, b, (v16i)HI); \
+            const V a = r[i], b = r[i + B]; \
+            r[i] = __builtin_shuffle(a, b, (VI)LO); \
+            r[i + B] = __builtin_shuffle(a, b, (VI)HI); \
         }
-    SWAP_ROUND(8, ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+static inline void transpose16(v16 *r) {
+    SWAP_ROUND(16, v16, v16i, 8, ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
                ((v16i){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
-    SWAP_ROUND(4, ((v16i){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+    SWAP_ROUND(16, v16, v16i, 4, ((v16i){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
                ((v16i){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
-    SWAP_ROUND(2, ((v16i){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+    SWAP_ROUND(16, v16, v16i, 2, ((v16i){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
                ((v16i){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
-    SWAP_ROUND(1, ((v16i){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+    SWAP_ROUND(16, v16, v16i, 1, ((v16i){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
                ((v16i){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
-#undef SWAP_ROUND
 }
+#ifdef __AVX512F__
+#define transposek transpose16
+#else
+static inline void transposek(vk *r) {
+    SWAP_ROUND(8, vk, vki, 4, ((vki){0, 1, 2, 3, 8, 9, 10, 11}), ((vki){4, 5, 6, 7, 12, 13, 14, 15}))
+    SWAP_ROUND(8, vk, vki, 2, ((vki){0, 1, 8, 9, 4, 5, 12, 13}), ((vki){2, 3, 10, 11, 6, 7, 14, 15}))
+    SWAP_ROUND(8, vk, vki, 1, ((vki){0, 8, 2, 10, 4, 12, 6, 14}), ((vki){1, 9, 3, 11, 5, 13, 7, 15}))
+}
+#endif
+#undef SWAP_ROUND
 
 /* One row's online-softmax step over a block of scores: the weights (zero from key `lim` on) against the new
  * running max, the denominator updated, the row's output so far rescaled when the max moved. */
-static inline v16 softmax_block(v16 score, int64_t lim, float *mx, float *den, float *orow, int D) {
-    const v16i valid = (v16i){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < (int32_t)lim;
-    const float m_old = *mx, m = hmax(pick(valid, score, (v16){0} - 1e30f));
+static inline vk softmax_block(vk score, int64_t lim, float *mx, float *den, float *orow, int D) {
+    vki lane;
+    for (int i = 0; i < VK; i++) lane[i] = i;
+    const vki valid = lane < (int32_t)lim;
+    const float m_old = *mx, m = hmaxk(pickk(valid, score, (vk){0} - 1e30f));
     const float m_new = m > m_old ? m : m_old;
-    const v16 p = pick(valid, exp16(score - m_new), (v16){0});
-    const float c = m_new > m_old ? exp16((v16){0} + (m_old - m_new))[0] : 1.f; /* exp16(0) is 1 exactly */
-    store16f(den, load16f(den) * c + p); /* lanewise: summed once, at the end */
+    const vk p = pickk(valid, expk(score - m_new), (vk){0});
+    const float c = m_new > m_old ? expk((vk){0} + (m_old - m_new))[0] : 1.f; /* expk(0) is 1 exactly */
+    storek(den, loadk(den) * c + p); /* lanewise: summed once, at the end */
     *mx = m_new;
     if (c != 1.f)
-        for (int jj = 0; jj < D / 16; jj++) store16f(orow + 16 * jj, load16f(orow + 16 * jj) * c);
+        for (int jj = 0; jj < D / VK; jj++) storek(orow + VK * jj, loadk(orow + VK * jj) * c);
     return p;
 }
 
 /* Scratch floats per thread: query rows and output rows (padded to RB rows), K transposed, V, max, denominator
- * (16 lanes per row) */
+ * (VK lanes per row) */
 static size_t scratch_floats(int group, int D) {
     const size_t rows = ((size_t)BQ * group + RB - 1) / RB * RB;
-    return 2 * rows * D + 2 * (size_t)BK * D + 17 * rows;
+    return 2 * rows * D + 2 * (size_t)BK * D + (VK + 1) * rows;
 }
 
 /* One task: sequence s, kv head h, query positions [i0, i0 + BQ) of the chunk. */
 static inline __attribute__((always_inline)) void task(const Args *A, float *scr, int64_t s, int h, int64_t i0,
                                                        const int D) {
-    const int G = A->group, ps = A->page_size, DV = D / 16;
+    const int G = A->group, ps = A->page_size, DV = D / VK;
     const int64_t q_len = A->q_lens[s], prefix = A->kv_lens[s] - q_len, first = A->q_starts[s];
     const int ni = (int)(q_len - i0 < BQ ? q_len - i0 : BQ), rows = ni * G, padded = (rows + RB - 1) / RB * RB;
     float *qs = scr, *o = qs + (int64_t)padded * D, *kt = o + (int64_t)padded * D, *vb = kt + BK * D;
@@ -132,43 +151,43 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
         float *qr = qs + (int64_t)r * D;
         if (r < rows) {
             const int64_t idx = (first + i0 + r / G) * A->q_stride + ((int64_t)h * G + r % G) * D;
-            for (int j = 0; j < DV; j++) store16f(qr + 16 * j, load16(A->q, idx + 16 * j, A->dtype) * A->scale);
+            for (int j = 0; j < DV; j++) storek(qr + VK * j, loadk_any(A->q, idx + VK * j, A->dtype) * A->scale);
         } else {
             memset(qr, 0, (size_t)D * sizeof(float));
         }
         memset(o + (int64_t)r * D, 0, (size_t)D * sizeof(float));
         mx[r] = -1e30f;
-        store16f(den + 16 * r, (v16){0});
+        storek(den + VK * r, (vk){0});
     }
     const int64_t end = prefix + i0 + ni; /* keys seen by the last position */
     for (int64_t kb = 0; kb < end; kb += BK) {
         const int nk = (int)(end - kb < BK ? end - kb : BK);
-        v16 kr[BK][MAX_DIM / 16]; /* the block's K rows, then transposed 16 dims at a time into kt */
+        vk kr[BK][MAX_DIM / VK]; /* the block's K rows, then transposed VK dims at a time into kt */
         for (int t = 0; t < BK; t++) {
             if (t >= nk) {
-                for (int j = 0; j < DV; j++) kr[t][j] = (v16){0};
+                for (int j = 0; j < DV; j++) kr[t][j] = (vk){0};
                 continue;
             }
             const int64_t key = kb + t, slot = pages[key / ps] * ps + key % ps;
             const int64_t idx = slot * A->kv_stride + (int64_t)h * D;
             for (int j = 0; j < DV; j++) {
-                kr[t][j] = load16(A->k_cache, idx + 16 * j, A->kv_dtype);
-                store16f(vb + t * D + 16 * j, load16(A->v_cache, idx + 16 * j, A->kv_dtype));
+                kr[t][j] = loadk_any(A->k_cache, idx + VK * j, A->kv_dtype);
+                storek(vb + t * D + VK * j, loadk_any(A->v_cache, idx + VK * j, A->kv_dtype));
             }
         }
         for (int j = 0; j < DV; j++) {
-            v16 r[BK];
+            vk r[BK];
             for (int t = 0; t < BK; t++) r[t] = kr[t][j];
-            transpose16(r);
-            for (int i = 0; i < 16; i++) store16f(kt + (16 * j + i) * BK, r[i]);
+            transposek(r);
+            for (int i = 0; i < VK; i++) storek(kt + (VK * j + i) * BK, r[i]);
         }
         /* rows before the block's first key's position see none of it (row order is position order) */
         const int64_t unseen = kb - prefix - i0 > 0 ? (kb - prefix - i0) * G : 0;
         for (int r0 = (int)(unseen / RB * RB); r0 < rows; r0 += RB) {
-            v16 sc[RB], sc2[RB]; /* even and odd dims: two chains per row, so the FMAs do not wait on each other */
-            for (int j = 0; j < RB; j++) sc[j] = sc2[j] = (v16){0};
+            vk sc[RB], sc2[RB]; /* even and odd dims: two chains per row, so the FMAs do not wait on each other */
+            for (int j = 0; j < RB; j++) sc[j] = sc2[j] = (vk){0};
             for (int d = 0; d < D; d += 2) {
-                const v16 k = load16f(kt + d * BK), k2 = load16f(kt + (d + 1) * BK);
+                const vk k = loadk(kt + d * BK), k2 = loadk(kt + (d + 1) * BK);
                 for (int j = 0; j < RB; j++) {
                     sc[j] += qs[(int64_t)(r0 + j) * D + d] * k;
                     sc2[j] += qs[(int64_t)(r0 + j) * D + d + 1] * k2;
@@ -184,27 +203,27 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
                     memset(w[j], 0, sizeof w[j]);
                     continue;
                 }
-                store16f(w[j], softmax_block(sc[j], lim, mx + r, den + 16 * r, o + (int64_t)r * D, D));
+                storek(w[j], softmax_block(sc[j], lim, mx + r, den + VK * r, o + (int64_t)r * D, D));
             }
-            for (int d0 = 0; d0 < D; d0 += 16 * PVW) { /* RB rows x PVW vectors of output in registers */
-                v16 acc[RB][PVW];
-                const int nv = (D - d0) / 16 < PVW ? (D - d0) / 16 : PVW;
+            for (int d0 = 0; d0 < D; d0 += VK * PVW) { /* RB rows x PVW vectors of output in registers */
+                vk acc[RB][PVW];
+                const int nv = (D - d0) / VK < PVW ? (D - d0) / VK : PVW;
                 for (int j = 0; j < RB; j++)
-                    for (int c = 0; c < nv; c++) acc[j][c] = load16f(o + (int64_t)(r0 + j) * D + d0 + 16 * c);
+                    for (int c = 0; c < nv; c++) acc[j][c] = loadk(o + (int64_t)(r0 + j) * D + d0 + VK * c);
                 for (int t = 0; t < nk; t++) {
-                    v16 v[PVW];
-                    for (int c = 0; c < nv; c++) v[c] = load16f(vb + t * D + d0 + 16 * c);
+                    vk v[PVW];
+                    for (int c = 0; c < nv; c++) v[c] = loadk(vb + t * D + d0 + VK * c);
                     for (int j = 0; j < RB; j++)
                         for (int c = 0; c < nv; c++) acc[j][c] += w[j][t] * v[c];
                 }
                 for (int j = 0; j < RB; j++)
-                    for (int c = 0; c < nv; c++) store16f(o + (int64_t)(r0 + j) * D + d0 + 16 * c, acc[j][c]);
+                    for (int c = 0; c < nv; c++) storek(o + (int64_t)(r0 + j) * D + d0 + VK * c, acc[j][c]);
             }
         }
     }
     for (int r = 0; r < rows; r++) {
         const int64_t idx = (first + i0 + r / G) * A->out_stride + ((int64_t)h * G + r % G) * D;
-        const float sum = hsum16(load16f(den + 16 * r));
+        const float sum = hsumk(loadk(den + VK * r));
         store_row(A->out, idx, o + (int64_t)r * D, sum > 0.f ? 1.f / sum : 0.f, D, A->dtype);
     }
 }
@@ -247,7 +266,7 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
         }
         memset(o + (int64_t)r * D, 0, (size_t)D * sizeof(float));
         mx[r] = -1e30f;
-        store16f(den + 16 * r, (v16){0});
+        storek(den + VK * r, (vk){0});
     }
     const int64_t end = prefix + i0 + ni;
     for (int64_t kb = 0; kb < end; kb += BK) {
@@ -309,7 +328,7 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
                     memset(wp[j], 0, sizeof wp[j]);
                     continue;
                 }
-                const v16 p = softmax_block(score, lim, mx + r, den + 16 * r, o + (int64_t)r * D, D);
+                const vk p = softmax_block(score, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
                 const __m256bh pb = _mm512_cvtneps_pbh((__m512)p);
                 memcpy(wp[j], &pb, sizeof wp[j]);
             }
@@ -333,7 +352,7 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
     }
     for (int r = 0; r < rows; r++) {
         const int64_t idx = (first + i0 + r / G) * A->out_stride + ((int64_t)h * G + r % G) * D;
-        const float sum = hsum16(load16f(den + 16 * r));
+        const float sum = hsumk(loadk(den + VK * r));
         store_row(A->out, idx, o + (int64_t)r * D, sum > 0.f ? 1.f / sum : 0.f, D, A->dtype);
     }
 }

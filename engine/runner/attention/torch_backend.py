@@ -11,8 +11,7 @@ from engine.mem.kv_pool import KVPool
 from engine.models import row_ops
 from engine.runner.attention.base import AttentionBackend, AttentionMeta
 from engine.runner.attention import cpu_kernels
-from engine.runner.attention.cpu_kernels import (decode_attention, decode_supported, prefill_attention, prefill_kernel,
-                                                 prefill_supported)
+from engine.runner.attention.cpu_kernels import decode_attention, decode_supported, prefill_attention, prefill_supported
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -25,13 +24,14 @@ class TorchAttentionBackend(AttentionBackend):
         self._decode_slots = torch.empty(0, dtype=torch.long)
         self._decode_mask = torch.empty(0, dtype=torch.bool)
         self._extend: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
-        # looked up through the module when built (bench_decode_ab --attention-base builds one with another)
+        # looked up through the module when built (bench_decode_ab --attention-base and --prefill-attention-base
+        # build one with another)
         native = cpu_kernels.decode_kernel() if pool.data.device.type == "cpu" else None
         shape = pool.shape
         if native is not None and not decode_supported(native, head_dim, num_heads, shape.num_kv_heads, self.page_size):
             native = None  # shapes beyond the kernel's limits decode through the gather path
         self._native = native
-        prefill = prefill_kernel() if pool.data.device.type == "cpu" else None
+        prefill = cpu_kernels.prefill_kernel() if pool.data.device.type == "cpu" else None
         if prefill is not None and not prefill_supported(prefill, head_dim, num_heads, shape.num_kv_heads,
                                                          self.page_size):
             prefill = None
