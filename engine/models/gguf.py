@@ -13,9 +13,14 @@ What a GGUF holds and where it goes:
 
 A tied LM head is what the file says: no ``output.weight`` tensor.
 Measured here (SmolLM2-135M Q4_1, 272 tensors): opening the file 1.6 s (parsing 49k token strings), dequantizing
-every tensor 0.8 s; transformers' tokenizer conversion 5.8 s, which is why source.py caches it."""
+every tensor 0.8 s; transformers' tokenizer conversion 5.8 s, which is why source.py caches it. On an AVX2 Zen 1
+host opening the file took ~6 s of a 17.5 s start-up, so the conversion also records what loading needs
+(``tensor_index``: the architecture, head counts, each tensor's type, dims and bytes) and a start with that record
+memory-maps the file and reads the tensors without parsing the metadata (``indexed_tensors``).
+"""
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +43,7 @@ _BLOCK = {
 }
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _MISSING = object()
+INDEX_FILE = "gguf_tensors.json"  # tensor_index(), written beside the converted config (source.py)
 
 
 def dequantizable_types() -> list[str]:
@@ -143,19 +149,18 @@ class GGUFCheckpoint:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor, dequantized to float32, under its Hugging Face name (Q/K rows un-permuted)."""
-        from gguf import quants
         heads = int(self._arch_value("attention.head_count"))
         kv_heads = int(self._arch_value("attention.head_count_kv", heads))
         for t in self.reader.tensors:
-            name = self.hf_name(t.name)
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the fastest dimension first
-            array = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
-            tensor = torch.from_numpy(array.reshape(shape))
-            if self.arch in _QK_PERMUTED and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
-                tensor = unpermute_rows(tensor, heads)
-            elif self.arch in _QK_PERMUTED and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
-                tensor = unpermute_rows(tensor, kv_heads)
-            yield name, tensor
+            yield _hf_tensor(self.arch, heads, kv_heads, t.name, t.data, int(t.tensor_type), t.shape.tolist())
+
+    def tensor_index(self) -> dict[str, Any]:
+        """What loading the tensors needs, as JSON (indexed_tensors reads the file with it)."""
+        heads = int(self._arch_value("attention.head_count"))
+        return {"arch": self.arch, "heads": heads,
+                "kv_heads": int(self._arch_value("attention.head_count_kv", heads)),
+                "tensors": [{"name": t.name, "type": int(t.tensor_type), "dims": [int(d) for d in t.shape],
+                             "offset": int(t.data_offset), "nbytes": int(t.n_bytes)} for t in self.reader.tensors]}
 
     @staticmethod
     def hf_name(name: str) -> str:
@@ -166,6 +171,48 @@ class GGUFCheckpoint:
             return f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
         stem, _, kind = name.rpartition(".")
         return f"{_GLOBAL[stem]}.{kind}" if stem in _GLOBAL else name
+
+
+def _hf_tensor(arch: str, heads: int, kv_heads: int, name: str, data: np.ndarray, qtype: int,
+               dims: list[int]) -> tuple[str, torch.Tensor]:
+    """One tensor as the reader lays it out (float32/float16 elements, or the bytes of quantized rows; ``dims`` in
+    ggml's order, fastest first) -> its Hugging Face name and float32 values (Q/K rows un-permuted)."""
+    from gguf import GGMLQuantizationType, quants
+    hf = GGUFCheckpoint.hf_name(name)
+    shape = tuple(int(d) for d in reversed(dims))
+    array = np.array(quants.dequantize(data, GGMLQuantizationType(qtype)), dtype=np.float32, copy=True)
+    tensor = torch.from_numpy(array.reshape(shape))
+    if arch in _QK_PERMUTED and hf.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        tensor = unpermute_rows(tensor, heads)
+    elif arch in _QK_PERMUTED and hf.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+        tensor = unpermute_rows(tensor, kv_heads)
+    return hf, tensor
+
+
+def indexed_tensors(path: Path, index: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """GGUFCheckpoint.tensors() of ``path`` from its ``tensor_index()`` record: the file memory-mapped, each
+    tensor's bytes laid out as the gguf reader lays them out, no metadata parsed."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    end = max((t["offset"] + t["nbytes"] for t in index["tensors"]), default=0)
+    if buf.shape[0] < end:
+        raise ModelLoadError(f"{path} is shorter ({buf.shape[0]} bytes) than its recorded tensors ({end} bytes): "
+                             f"truncated since it was converted? Remove its folder under the cache to convert anew")
+    elements = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+    for t in index["tensors"]:
+        qtype = GGMLQuantizationType(t["type"])
+        np_dims = tuple(reversed(t["dims"]))
+        raw = buf[t["offset"]:t["offset"] + t["nbytes"]]
+        data = (raw.view(elements[qtype]).reshape(np_dims) if qtype in elements
+                else raw.reshape(quant_shape_to_byte_shape(np_dims, qtype)))
+        yield _hf_tensor(index["arch"], index["heads"], index["kv_heads"], t["name"], data, t["type"], t["dims"])
+
+
+def read_index(folder: Path) -> dict[str, Any] | None:
+    """The tensor index source.py recorded in a converted folder, or None (converted before it was recorded)."""
+    path = folder / INDEX_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def convert_tokenizer(path: Path, out: Path) -> None:

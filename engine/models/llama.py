@@ -90,14 +90,18 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # built on the meta device and loaded: no random init (Embedding's normal_ on meta imports torch._dynamo,
+        # 2-3 s of a start-up on a slow host)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # None when tied to the embeddings (prepacking may still give a tied model a packed copy here)
         self.lm_head: nn.Module | None = (None if cfg.tie_word_embeddings else
                                           nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
-                                    min(cfg.max_position_embeddings, 8192))
+        with torch.device("cpu"):  # a computed table, not weights: never on the meta device the loader builds on
+            self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
+                                        min(cfg.max_position_embeddings, 8192))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor | None,
                 backend: AttentionBackend) -> torch.Tensor:

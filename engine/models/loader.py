@@ -71,8 +71,9 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 def _checkpoint_tensors(model_dir: Path, gguf: Path | None) -> Iterator[tuple[str, torch.Tensor]]:
     if gguf is None:
         return _iter_tensors(_weight_files(model_dir))
-    from engine.models.gguf import GGUFCheckpoint
-    return GGUFCheckpoint(gguf).tensors()
+    from engine.models.gguf import GGUFCheckpoint, indexed_tensors, read_index
+    index = read_index(model_dir)  # model_dir: the GGUF's converted folder (source.py)
+    return indexed_tensors(gguf, index) if index is not None else GGUFCheckpoint(gguf).tensors()
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
@@ -122,8 +123,6 @@ def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
             raise ModelLoadError(f"tensor {key} has shape {tuple(tensor.shape)}, config implies "
                                  f"{tuple(params[key].shape)}")
     model.load_state_dict({k: v.to(torch_dtype) for k, v in loaded.items()}, strict=False, assign=True)
-    model.rope = type(model.rope)(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict,
-                                  min(cfg.max_position_embeddings, 8192))
     model.to(device)
     model.eval()
     for p in model.parameters():

