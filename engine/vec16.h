@@ -1,6 +1,7 @@
-/* 16-float vectors for the native kernels (engine/native.py compiles them with this folder on the include
- * path and keys its cache on this file too): GCC vector extensions, so AVX-512 where the compiler targets it
- * and two or four narrower vectors otherwise. */
+/* Vectors for the native kernels (engine/native.py compiles them with this folder on the include path and keys
+ * its cache on this file too), in GCC vector extensions: v16, 16 floats (one AVX-512 register), and vk, the
+ * target's own width (v16 with AVX-512, 8 floats otherwise; see below), which every hot loop uses: without AVX-512
+ * GCC keeps v16 values in memory. */
 #ifndef SPLITSERVE_VEC16_H
 #define SPLITSERVE_VEC16_H
 #include <stdint.h>
