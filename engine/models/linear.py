@@ -20,8 +20,8 @@ packs the whole weight per call. So do bfloat16 weights oneDNN does not pack (a 
 when the model loads (``calibrate_rows``: counts from 1 to 64, CALIBRATE_ROWS, on one of the model's own layer
 shapes, the kernel against ``F.linear``), because the answer depends on the host: on an AMD EPYC (AVX-512) the
 kernel was 1.6-2.8x faster than MKL even for one row, and with its tiles 1.5-2x MKL from 17 to 64 rows on a Zen 5
-host; an earlier host's MKL was as fast for 1-3 rows. The answer is measured once per host and shared by every process on it
-(``row_calibration``).
+host; an earlier host's MKL was as fast for 1-3 rows. The answer is measured once per host and shared by every
+process on it (``row_calibration``).
 
 The row counts the kernel does not take (prefill chunks, large decode batches) go to oneDNN's GEMM where it beats
 MKL's behind ``F.linear`` here (``onednn_beats_mkl``, timed at BIG_ROWS rows once per host). On a Zen 5 host (2
