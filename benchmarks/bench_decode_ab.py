@@ -15,6 +15,7 @@ REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c). ``--pref
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
+    python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --variant dtype=bfloat16 --variant dtype=float32
     python -m benchmarks.bench_decode_ab --kernel
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
@@ -68,7 +69,7 @@ def engine(model: str, dtype: str, threads: int, tokens: int, variant: dict[str,
     mc = {k: v for k, v in variant.items() if k in {f.name for f in dataclasses.fields(ModelConfig)}}
     cc = {k: v for k, v in variant.items() if k not in mc}
     return EngineCore(EngineConfig(
-        ModelConfig(model_path=str(model_dir(model)), dtype=dtype, num_threads=threads, **mc),
+        ModelConfig(model_path=str(model_dir(model)), num_threads=threads, **{"dtype": dtype, **mc}),
         CacheConfig(max_total_tokens=tokens, disable_radix_cache=True, **cc), scheduler))
 
 

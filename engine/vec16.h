@@ -122,7 +122,15 @@ static inline vk loadk(const float *p) {
 
 static inline void storek(float *p, vk v) { memcpy(p, &v, sizeof v); }
 
-/* VK bfloat16 values widened to float32 (a bfloat16 is the top half of a float32) */
+/* VK bfloat16 values widened to float32 (a bfloat16 is the top half of a float32). With AVX2 and no AVX-512,
+ * one VPMOVZXWD from memory: GCC tuned for Zen 1 split the generic form into two 128-bit halves and a VINSERTI128
+ * (the few-rows GEMM over bfloat16 weights at 8-11 rows, 2 threads, Zen 1: 1.15x faster this way). */
+#if !defined(__AVX512F__) && defined(__AVX2__)
+#include <immintrin.h>
+static inline vk loadk_bf16(const uint16_t *p) {
+    return (vk)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+}
+#else
 static inline vk loadk_bf16(const uint16_t *p) {
     typedef uint32_t u32k __attribute__((vector_size(VK * 4)));
     typedef uint16_t u16k __attribute__((vector_size(VK * 2)));
@@ -130,6 +138,7 @@ static inline vk loadk_bf16(const uint16_t *p) {
     memcpy(&h, p, sizeof h);
     return (vk)(__builtin_convertvector(h, u32k) << 16);
 }
+#endif
 
 /* each lane rounded to bfloat16 (to nearest even, as f32_to_bf16), kept as a float32 */
 static inline vk roundk_bf16(vk v) {

@@ -16,12 +16,13 @@ Only CPU weights are packed.
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) a native kernel (few_rows_gemm.c) reads each weight row once, where MKL's sgemm
 packs the whole weight per call. So do bfloat16 weights oneDNN does not pack (a CPU without AVX-512, or
-``--weight-prepack off``), for up to the kernel's bfloat16 row limit. Which row counts it takes is measured
-when the model loads (``calibrate_rows``: counts from 1 to 64, CALIBRATE_ROWS, on one of the model's own layer
-shapes, the kernel against ``F.linear``), because the answer depends on the host: on an AMD EPYC (AVX-512) the
-kernel was 1.6-2.8x faster than MKL even for one row, and with its tiles 1.5-2x MKL from 17 to 64 rows on a Zen 5
-host; an earlier host's MKL was as fast for 1-3 rows. The answer is measured once per host and shared by every
-process on it (``row_calibration``).
+``--weight-prepack off``), for up to the kernel's bfloat16 row limit (11 with AVX-512 BF16; elsewhere, where
+torch has no fast bfloat16 GEMM at all, the float32 tiles take bfloat16 weights at every count). Which row
+counts it takes is measured when the model loads (``calibrate_rows``: counts from 1 to 64, CALIBRATE_ROWS, on
+one of the model's own layer shapes, the kernel against ``F.linear``), because the answer depends on the host: on
+an AMD EPYC (AVX-512) the kernel was 1.6-2.8x faster than MKL even for one row, and with its tiles 1.5-2x MKL from
+17 to 64 rows on a Zen 5 host; an earlier host's MKL was as fast for 1-3 rows. The answer is measured once per
+host and shared by every process on it (``row_calibration``).
 
 The row counts the kernel does not take (prefill chunks, large decode batches) go to oneDNN's GEMM where it beats
 MKL's behind ``F.linear`` here (``onednn_beats_mkl``, timed at BIG_ROWS rows once per host). On a Zen 5 host (2
@@ -166,8 +167,7 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> tuple[ctypes.CDLL, frozen
     def measure() -> frozenset[int]:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS_HINT) for w in timed]
         return calibrate_rows(lib, timed, baseline=lambda x, i: torch.ops.mkldnn._linear_pointwise(
-            x, packed[i], None, "none", [], ""), counts=tuple(range(1, max_rows(lib, widest.dtype) + 1))
-            if bf16 else CALIBRATE_ROWS)
+            x, packed[i], None, "none", [], ""), counts=calibrated_counts(lib, widest.dtype))
     bf16 = widest.dtype == torch.bfloat16
     rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), _kernel_key(lib, timed) + (
         "-bf16" if bf16 else "") + "-vs-packed"), measure)
@@ -203,8 +203,16 @@ def few_rows_kernel() -> ctypes.CDLL | None:
 
 
 def max_rows(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
-    """The most rows the kernel takes in ``dtype``: MAX_ROWS in float32, a few (no tiles) in bfloat16."""
+    """The most rows the kernel takes in ``dtype``: MAX_ROWS, but in bfloat16 with AVX-512 BF16 a few (pair
+    products, no tiles: oneDNN's packed GEMM takes more)."""
     return lib.splitserve_few_rows_bf16_max() if dtype == torch.bfloat16 else MAX_ROWS
+
+
+def calibrated_counts(lib: ctypes.CDLL, dtype: torch.dtype) -> tuple[int, ...]:
+    """The row counts a calibration times in ``dtype``: CALIBRATE_ROWS, or every count the kernel takes where
+    that is a few."""
+    top = max_rows(lib, dtype)
+    return CALIBRATE_ROWS if top == MAX_ROWS else tuple(range(1, top + 1))
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -236,14 +244,19 @@ def onednn_beats_mkl(weight: torch.Tensor, reps: int = 3, passes: int = 3) -> bo
 
 def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for float32 or bfloat16 CPU tensors (all of one dtype, weight contiguous) of
-    at most ``max_rows`` rows."""
+    at most ``max_rows`` rows, or of any number where the kernel takes MAX_ROWS (in pieces of that many: a row's
+    result does not depend on the rows that come with it)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype)
     fn = lib.splitserve_few_rows_gemm_bf16 if weight.dtype == torch.bfloat16 else lib.splitserve_few_rows_gemm
-    rc = fn(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), x.shape[0],
-            weight.shape[0], weight.shape[1], torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"few-rows GEMM refused the shapes {tuple(x.shape)} x {tuple(weight.shape)}")
+    b = None if bias is None else bias.data_ptr()
+    step = x.stride(0) * x.element_size(), y.stride(0) * y.element_size()
+    for start in range(0, x.shape[0], MAX_ROWS):
+        rows = min(MAX_ROWS, x.shape[0] - start)
+        rc = fn(x.data_ptr() + start * step[0], weight.data_ptr(), b, y.data_ptr() + start * step[1], rows,
+                weight.shape[0], weight.shape[1], torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"few-rows GEMM refused the shapes {tuple(x.shape)} x {tuple(weight.shape)}")
     return y
 
 
@@ -251,11 +264,13 @@ class FewRowsLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
     ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``, or through oneDNN with
     ``onednn``: on a packed copy of the weight with ``packed`` (no reorder per call), else on the dense weight.
+    ``beyond``: counts above all of ``rows`` go to the kernel too (bfloat16 where no CPU GEMM takes it fast).
     ``tied``: the weight belongs to another module (the embeddings), so it is held outside this module's
     state_dict."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
-                 rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False, packed: bool = False) -> None:
+                 rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False, packed: bool = False,
+                 beyond: bool = False) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -265,6 +280,7 @@ class FewRowsLinear(nn.Linear):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._lib = lib
         self.rows = rows
+        self.beyond = max(rows) if beyond and rows else None  # counts above this one: the kernel
         self.onednn = onednn
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
                         if onednn and packed else None)
@@ -272,7 +288,7 @@ class FewRowsLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == self.weight.dtype
                 and self.weight.is_contiguous()):
-            if x.shape[0] in self.rows:
+            if x.shape[0] in self.rows or self.beyond is not None and x.shape[0] > self.beyond:
                 return few_rows_gemm(self._lib, x, self.weight, self.bias)
             if self.onednn:
                 return onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
@@ -288,7 +304,10 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     """Route ``model``'s ``dtype`` CPU ``nn.Linear`` layers (and a tied LM head, as ``model.lm_head`` sharing the
     embedding matrix) through ``FewRowsLinear`` when the kernel compiles; returns how many layers were. Bfloat16
     layers come here where oneDNN does not pack them (a host without AVX-512, or ``--weight-prepack off``): the
-    kernel takes up to ``max_rows`` rows where it beats ``F.linear``, which takes the rest.
+    kernel takes up to ``max_rows`` rows where it beats ``F.linear``, which takes the rest; or, in bfloat16 where
+    it takes MAX_ROWS (no AVX-512 BF16) and beat ``F.linear`` at the most rows timed, every count above those
+    too (prefill chunks in pieces of MAX_ROWS). On an AVX2-only Zen 1 host (2 threads) F.linear's bfloat16 ran
+    SmolLM2's 3072 x 576 layer at 10 GFLOP/s for 16-512 rows, the kernel at 47 (MKL's float32: 62 at 512 rows).
     ``packed``: where oneDNN takes the row counts the kernel does not (prefill), the decoder layers keep a copy
     of their weight in its layout. SmolLM2 on a Zen 5 host, 2 threads: a 128-token prompt's step 84 -> 76 ms,
     a 4 x 512-token step 1.15 -> 1.10 s (oneDNN reordered the whole weight at every call), for +425 MB; the LM
@@ -303,7 +322,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     widest = _widest([mod.weight for _, mod in targets])
     # weights this small take microseconds, which timing cannot tell apart: they keep a fixed default and MKL
     big = dtype == torch.float32 and widest.numel() >= CALIBRATE_MIN and onednn_beats_mkl(widest)
-    counts = CALIBRATE_ROWS if dtype == torch.float32 else tuple(range(1, max_rows(lib, dtype) + 1))
+    counts = calibrated_counts(lib, dtype)
     # timed once per host (row_calibration: every process on it must choose alike), on this weight's shape. Against
     # MKL even where oneDNN takes the other counts: oneDNN beat the kernel from ~30 rows on a Zen 5 host, but its
     # result for a row depends on how many rows came with it (its blocking follows the row count), and the
@@ -319,12 +338,16 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
              widest.shape[0], widest.shape[1], "oneDNN" if big else "F.linear (MKL)")
     if not rows and not big:
         return 0
+    beyond = dtype == torch.bfloat16 and max_rows(lib, dtype) == MAX_ROWS and max(counts) in rows
+    if beyond:
+        log.info("few-rows kernel for bfloat16 above %d rows too (F.linear was slower at %d)", max(rows), max(rows))
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big, packed=packed))
+        setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big, packed=packed,
+                                             beyond=beyond))
     if tied_lm_head is not None and tied_lm_head.dtype == dtype and tied_lm_head.device.type == "cpu":
-        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big)
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big, beyond=beyond)
         targets.append(("lm_head", model.lm_head))
     return len(targets)
 

@@ -1,7 +1,8 @@
 """The few-rows float32 GEMM (engine/models/few_rows_gemm.c) equals ``F.linear`` for the row counts it takes
 (1-256: in registers up to 7, then in tiles of 4 weight rows x up to 6 rows, partial ones too), with and without
 bias, on widths that are and are not multiples of its 16 lanes and 16-row blocks, and a row's result does not
-depend on how many rows came with it; so does its bfloat16 body (1-11 rows), to bfloat16's rounding; a float32
+depend on how many rows came with it; so does its bfloat16 body (1-11 rows with AVX-512 BF16; elsewhere every
+count, through the float32 tiles, and more than MAX_ROWS in pieces), to bfloat16's rounding; a float32
 model on CPU routes its linear layers (and a tied LM head) through it, for the row counts the load-time calibration
 found it wins."""
 from __future__ import annotations
@@ -155,23 +156,50 @@ def test_the_bfloat16_body_equals_a_float32_product_rounded_to_bfloat16(n: int, 
     w = torch.randn(n, k, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
     top = max_rows(lib, torch.bfloat16)
-    for m in range(1, top + 1):
+    counts = range(1, top + 1) if top < MAX_ROWS else [*range(1, 33), 63, 64, 200, MAX_ROWS, MAX_ROWS + 5]
+    for m in counts:
         x = torch.randn(m, k, generator=g).bfloat16()
         want = F.linear(x.float(), w.float(), None if b is None else b.float())
         got = few_rows_gemm(lib, x, w, b)
         assert got.dtype == torch.bfloat16
         # float32 sums differ only in order; the result is then one bfloat16 rounding (2^-8 relative) away
         assert torch.allclose(got.float(), want, rtol=2 ** -7, atol=1e-4 * k), f"{m} rows"
-    with pytest.raises(RuntimeError, match="refused"):
-        few_rows_gemm(lib, torch.zeros(top + 1, k).bfloat16(), w, b)
+    if top < MAX_ROWS:
+        with pytest.raises(RuntimeError, match="refused"):
+            few_rows_gemm(lib, torch.zeros(top + 1, k).bfloat16(), w, b)
 
 
 def test_a_bfloat16_rows_result_does_not_depend_on_its_batch() -> None:
     g = torch.Generator().manual_seed(4)
-    w, x = torch.randn(960, 576, generator=g).bfloat16(), torch.randn(11, 576, generator=g).bfloat16()
-    alone = torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(11)])
-    for m in range(2, 12):
+    top = max_rows(lib, torch.bfloat16)
+    n = min(top, 11) if top < MAX_ROWS else 2 * MAX_ROWS + 3  # past the tiles and into a second piece
+    w, x = torch.randn(960, 576, generator=g).bfloat16(), torch.randn(n, 576, generator=g).bfloat16()
+    alone = torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(n)])
+    for m in sorted({*range(2, min(n, 13) + 1), 17, 64, MAX_ROWS + 1, n} & set(range(2, n + 1))):
         assert torch.equal(few_rows_gemm(lib, x[:m], w, None), alone[:m]), m
+
+
+def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel takes MAX_ROWS in bfloat16 (no AVX-512 BF16, so no fast bfloat16 GEMM behind F.linear) and
+    won the most rows timed, a layer gives it every larger count too; otherwise those go to F.linear."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    x = torch.randn(MAX_ROWS + 40, 64, generator=g).bfloat16()
+    calls: list[int] = []
+
+    def counted(lib_: object, x_: torch.Tensor, w_: torch.Tensor, b_: torch.Tensor | None) -> torch.Tensor:
+        calls.append(x_.shape[0])
+        return few_rows_gemm(lib_, x_, w_, b_)
+    monkeypatch.setattr(linear, "few_rows_gemm", counted)
+    rows = frozenset(range(1, 65))
+    with torch.inference_mode():
+        FewRowsLinear(w, None, lib, rows=rows, beyond=False)(x)
+        assert calls == []
+        FewRowsLinear(w, None, lib, rows=rows, beyond=True)(x[:64])
+        got = FewRowsLinear(w, None, lib, rows=rows, beyond=True)(x)
+    assert calls == [64, MAX_ROWS + 40]
+    if max_rows(lib, torch.bfloat16) == MAX_ROWS:
+        assert torch.equal(got, torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(len(x))]))
 
 
 def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:
