@@ -39,7 +39,7 @@ def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -
     if device.type == "cpu" and dtype == torch.bfloat16 and not can_prepack(device, dtype):
         # no bfloat16 GEMM in hardware here (oneDNN's needs AVX-512 or AVX-NE-CONVERT): on an AVX2-only host a
         # bfloat16 SmolLM2 prefill of 512 tokens took 11.1 s against 2.4 s in float32; through the few-rows
-        # kernel's float32 tiles (which widen the weights) 2.7 s, and a batch-1 decode step 17 against 29 ms, but
+        # kernel's float32 tiles (which widen the weights) 2.7 s, and a batch-1 decode step ~20 against ~28 ms, but
         # the checkpoint's bfloat16 is then a choice of speed over float32's accuracy, left to --dtype bfloat16
         log.info("bfloat16 checkpoint on a CPU without a bfloat16 GEMM: running in float32 (pass --dtype bfloat16 "
                  "to force)")

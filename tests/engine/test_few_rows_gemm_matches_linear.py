@@ -182,6 +182,8 @@ def test_a_bfloat16_rows_result_does_not_depend_on_its_batch() -> None:
 def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the kernel takes MAX_ROWS in bfloat16 (no AVX-512 BF16, so no fast bfloat16 GEMM behind F.linear) and
     won the most rows timed, a layer gives it every larger count too; otherwise those go to F.linear."""
+    if max_rows(lib, torch.bfloat16) < MAX_ROWS:
+        pytest.skip("with AVX-512 BF16 the kernel takes a few bfloat16 rows; oneDNN's packed GEMM takes the rest")
     g = torch.Generator().manual_seed(5)
     w = torch.randn(96, 64, generator=g).bfloat16()
     x = torch.randn(MAX_ROWS + 40, 64, generator=g).bfloat16()
@@ -198,8 +200,7 @@ def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypa
         FewRowsLinear(w, None, lib, rows=rows, beyond=True)(x[:64])
         got = FewRowsLinear(w, None, lib, rows=rows, beyond=True)(x)
     assert calls == [64, MAX_ROWS + 40]
-    if max_rows(lib, torch.bfloat16) == MAX_ROWS:
-        assert torch.equal(got, torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(len(x))]))
+    assert torch.equal(got, torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(len(x))]))
 
 
 def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:
