@@ -122,17 +122,18 @@ static inline void prefetch_ahead(const Args *A, const int64_t *pages, int64_t s
     }
 }
 
-/* The generic body over a float32 cache: the page PF_DIST ahead is asked for in shares, one before each query row's
- * K loop and one before its V loop on the current page, along each row with K and V alternating, instead of all at
- * once when the page starts (a burst of hundreds of prefetches overflows the core's miss buffers; see the AVX-512
- * body's note). On an AVX2-only Zen 1 host (2 threads), where every head dim takes this body: a harness reading 16
- * x 544 tokens of scattered SmolLM2 pages with no arithmetic streamed 9-14 GB/s head by head as the body reads
- * them, 18.5-19 GB/s with the next page asked for along its rows through that walk; the kernel (bench_decode_ab
- * --kernel --kernel-shape smollm2 --context 544 --batch 16 --kernel-base) 1.63 -> 1.14 and 2.24 -> 1.64 ms a layer
- * from memory; float32 SmolLM2 decode steps at 512 tokens of context (--attention-base, alternating): batch 16
- * 122.7 -> 108.2 ms, batch 64 454.9 -> 401.4 (1.13x each). A share before every key measured the same from memory
- * and up to 10% slower in cache. With a 16-bit cache the page is widened into a buffer (read whole, in row order)
- * before its compute, and the same spreading measured level to 4% slower, so those keep the burst. */
+/* The generic body: the page PF_DIST ahead is asked for in shares, one before each query row's K loop and one
+ * before its V loop on the current page, along each row with K and V alternating, instead of all at once when the
+ * page starts (a burst of hundreds of prefetches overflows the core's miss buffers; see the AVX-512 body's note).
+ * On an AVX2-only Zen 1 host (2 threads), where every head dim takes this body: a harness reading 16 x 544 tokens
+ * of scattered SmolLM2 pages with no arithmetic streamed 9-14 GB/s head by head as the body reads them, 18.5-19
+ * GB/s with the next page asked for along its rows through that walk; the kernel (bench_decode_ab --kernel
+ * --kernel-shape smollm2 --context 544 --batch 16 --kernel-base) 1.63 -> 1.14 and 2.24 -> 1.64 ms a layer from
+ * memory; float32 SmolLM2 decode steps at 512 tokens of context (--attention-base, alternating): batch 16 122.7 ->
+ * 108.2 ms, batch 64 454.9 -> 401.4 (1.13x each). With a bfloat16 cache (a page widened into a buffer before its
+ * compute): the kernel 1.32-1.36 -> 1.15 and 1.71 -> 1.52 ms a layer, bfloat16 steps at batch 16 1.025-1.04x (three
+ * runs), batch 64 521.7 -> 504.8 ms. A share before every key instead measured the same in float32 from memory, up
+ * to 10% slower in cache, and 0.95-1.0x with a bfloat16 cache. */
 typedef struct {
     const char *k, *v;
     int64_t stride; /* bytes between rows */
@@ -189,9 +190,9 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
             n = (int)((len - start) < page_size ? (len - start) : page_size);
             off = pages[start / page_size] * page_size * stride + (int64_t)kv0 * head_dim;
             const int64_t ps = start + (int64_t)PF_DIST * page_size; /* the page PF_DIST ahead */
-            if (start == 0 || kv_dtype != 0)
+            if (start == 0)
                 prefetch_ahead(A, pages, start, len, (int64_t)kv0 * head_dim, width * elem);
-            if (kv_dtype == 0 && ps < len) { /* spread over this page's compute: see Spread */
+            if (ps < len) { /* spread over this page's compute: see Spread */
                 const int64_t at = (pages[ps / page_size] * page_size * stride + (int64_t)kv0 * head_dim) * elem;
                 const int m = (int)((len - ps) < page_size ? (len - ps) : page_size), points = 2 * rows;
                 P = (Spread){(const char *)A->k_cache + at, (const char *)A->v_cache + at, stride * elem, width * elem,
