@@ -189,6 +189,13 @@ DEFAULT_ROWS = frozenset(range(4, 21))
 
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# Bfloat16 inputs of at least this many rows, on a host where the kernel takes every count (no AVX-512 BF16),
+# through MKL's float32 GEMM on widened copies of x and the weight where that was faster here (timed once per
+# host at this count): the kernel's tiles reach ~47 GFLOP/s on an AVX2-only Zen 1 host (2 threads), MKL ~62 with
+# the weight widened at every call (SmolLM2's 20 3,072 x 576 and 576 x 1,536 weights at 512 rows: 579 -> 457 ms;
+# at 256 rows 1.09x, at 64 the kernel 1.56x). Prefill chunks, so a prompt row's result there depends on its chunk
+# (as where oneDNN or MKL take prefill in float32); decode rows stay on the kernel.
+WIDEN_ROWS = 512
 
 
 @functools.cache
@@ -260,17 +267,32 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
     return y
 
 
+def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of bfloat16 operands in float32 (MKL), rounded to bfloat16."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(weight.dtype)
+
+
+def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: int = 3) -> frozenset[int]:
+    """``{WIDEN_ROWS}`` where ``widened_linear`` beat the kernel (in pieces) at that many rows on ``weight`` (the
+    median of ``passes``, each the best of ``reps``), else nothing: a row_calibration answer."""
+    x = torch.randn(WIDEN_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    with torch.inference_mode():
+        saved = [_best(lambda: few_rows_gemm(lib, x, weight, None), reps)
+                 - _best(lambda: widened_linear(x, weight, None), reps) for _ in range(passes)]
+    return frozenset({WIDEN_ROWS}) if statistics.median(saved) > 0 else frozenset()
+
+
 class FewRowsLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters, same state_dict) over a float32 CPU weight it shares rather than copies:
     ``rows`` (row counts) through the few-rows kernel, other inputs through ``F.linear``, or through oneDNN with
     ``onednn``: on a packed copy of the weight with ``packed`` (no reorder per call), else on the dense weight.
-    ``beyond``: counts above all of ``rows`` go to the kernel too (bfloat16 where no CPU GEMM takes it fast).
-    ``tied``: the weight belongs to another module (the embeddings), so it is held outside this module's
-    state_dict."""
+    ``beyond``: counts above all of ``rows`` go to the kernel too (bfloat16 where no CPU GEMM takes it fast), but
+    ``widen`` counts of at least WIDEN_ROWS to ``widened_linear``. ``tied``: the weight belongs to another module
+    (the embeddings), so it is held outside this module's state_dict."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tied: bool = False,
                  rows: frozenset[int] = DEFAULT_ROWS, onednn: bool = False, packed: bool = False,
-                 beyond: bool = False) -> None:
+                 beyond: bool = False, widen: bool = False) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate a new weight
         self.out_features, self.in_features = weight.shape
         if tied:
@@ -281,6 +303,7 @@ class FewRowsLinear(nn.Linear):
         self._lib = lib
         self.rows = rows
         self.beyond = max(rows) if beyond and rows else None  # counts above this one: the kernel
+        self.widen = widen
         self.onednn = onednn
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
                         if onednn and packed else None)
@@ -288,6 +311,8 @@ class FewRowsLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == self.weight.dtype
                 and self.weight.is_contiguous()):
+            if self.widen and x.shape[0] >= WIDEN_ROWS:
+                return widened_linear(x, self.weight, self.bias)
             if x.shape[0] in self.rows or self.beyond is not None and x.shape[0] > self.beyond:
                 return few_rows_gemm(self._lib, x, self.weight, self.bias)
             if self.onednn:
@@ -339,15 +364,20 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     if not rows and not big:
         return 0
     beyond = dtype == torch.bfloat16 and max_rows(lib, dtype) == MAX_ROWS and max(counts) in rows
+    widen = False
     if beyond:
-        log.info("few-rows kernel for bfloat16 above %d rows too (F.linear was slower at %d)", max(rows), max(rows))
+        widen = bool(row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-widen"),
+                                                 lambda: widened_wins(lib, widest)))
+        log.info("few-rows kernel for bfloat16 above %d rows too (F.linear was slower at %d)%s", max(rows),
+                 max(rows), f", from {WIDEN_ROWS} rows MKL on widened operands" if widen else "")
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, FewRowsLinear(mod.weight, mod.bias, lib, rows=rows, onednn=big, packed=packed,
-                                             beyond=beyond))
+                                             beyond=beyond, widen=widen))
     if tied_lm_head is not None and tied_lm_head.dtype == dtype and tied_lm_head.device.type == "cpu":
-        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big, beyond=beyond)
+        model.lm_head = FewRowsLinear(tied_lm_head, None, lib, tied=True, rows=rows, onednn=big, beyond=beyond,
+                                      widen=widen)
         targets.append(("lm_head", model.lm_head))
     return len(targets)
 

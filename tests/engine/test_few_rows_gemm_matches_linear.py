@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import linear, row_calibration
-from engine.models.linear import (MAX_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack, few_rows_gemm,
-                                  few_rows_kernel, max_rows, onednn_linear, use_few_rows_kernel, working_set)
+from engine.models.linear import (MAX_ROWS, WIDEN_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack,
+                                  few_rows_gemm, few_rows_kernel, max_rows, onednn_linear, use_few_rows_kernel,
+                                  widened_wins, working_set)
 from engine.models.loader import load_model
 from tests.engine.conftest import make_core
 
@@ -179,6 +180,17 @@ def test_a_bfloat16_rows_result_does_not_depend_on_its_batch() -> None:
         assert torch.equal(few_rows_gemm(lib, x[:m], w, None), alone[:m]), m
 
 
+def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row counts of every few-rows GEMM call a layer makes from now on."""
+    calls: list[int] = []
+
+    def counted(lib_: object, x_: torch.Tensor, w_: torch.Tensor, b_: torch.Tensor | None) -> torch.Tensor:
+        calls.append(x_.shape[0])
+        return few_rows_gemm(lib_, x_, w_, b_)
+    monkeypatch.setattr(linear, "few_rows_gemm", counted)
+    return calls
+
+
 def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the kernel takes MAX_ROWS in bfloat16 (no AVX-512 BF16, so no fast bfloat16 GEMM behind F.linear) and
     won the most rows timed, a layer gives it every larger count too; otherwise those go to F.linear."""
@@ -187,12 +199,7 @@ def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypa
     g = torch.Generator().manual_seed(5)
     w = torch.randn(96, 64, generator=g).bfloat16()
     x = torch.randn(MAX_ROWS + 40, 64, generator=g).bfloat16()
-    calls: list[int] = []
-
-    def counted(lib_: object, x_: torch.Tensor, w_: torch.Tensor, b_: torch.Tensor | None) -> torch.Tensor:
-        calls.append(x_.shape[0])
-        return few_rows_gemm(lib_, x_, w_, b_)
-    monkeypatch.setattr(linear, "few_rows_gemm", counted)
+    calls = count_kernel_calls(monkeypatch)
     rows = frozenset(range(1, 65))
     with torch.inference_mode():
         FewRowsLinear(w, None, lib, rows=rows, beyond=False)(x)
@@ -201,6 +208,23 @@ def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypa
         got = FewRowsLinear(w, None, lib, rows=rows, beyond=True)(x)
     assert calls == [64, MAX_ROWS + 40]
     assert torch.equal(got, torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(len(x))]))
+
+
+def test_bfloat16_chunks_of_widen_rows_go_to_float32_mkl_where_that_won(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``widen`` (the host timed MKL on widened operands faster at WIDEN_ROWS), a chunk of that many rows or
+    more is computed in float32 and rounded to bfloat16; fewer stay on the kernel."""
+    g = torch.Generator().manual_seed(6)
+    w, b = torch.randn(96, 64, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    x = torch.randn(WIDEN_ROWS + 3, 64, generator=g).bfloat16()
+    calls = count_kernel_calls(monkeypatch)
+    layer = FewRowsLinear(w, b, lib, rows=frozenset(range(1, 65)), beyond=True, widen=True)
+    with torch.inference_mode():
+        got = layer(x)
+        layer(x[:WIDEN_ROWS - 1])
+    assert calls == [WIDEN_ROWS - 1]
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
+    assert widened_wins(lib, w, reps=1, passes=1) <= {WIDEN_ROWS}
 
 
 def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:
