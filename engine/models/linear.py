@@ -331,7 +331,8 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     layers come here where oneDNN does not pack them (a host without AVX-512, or ``--weight-prepack off``): the
     kernel takes up to ``max_rows`` rows where it beats ``F.linear``, which takes the rest; or, in bfloat16 where
     it takes MAX_ROWS (no AVX-512 BF16) and beat ``F.linear`` at the most rows timed, every count above those
-    too (prefill chunks in pieces of MAX_ROWS). On an AVX2-only Zen 1 host (2 threads) F.linear's bfloat16 ran
+    too (prefill chunks in pieces of MAX_ROWS), but from WIDEN_ROWS MKL on widened operands where that timed
+    faster (``widened_wins``). On an AVX2-only Zen 1 host (2 threads) F.linear's bfloat16 ran
     SmolLM2's 3072 x 576 layer at 10 GFLOP/s for 16-512 rows, the kernel at 47 (MKL's float32: 62 at 512 rows).
     ``packed``: where oneDNN takes the row counts the kernel does not (prefill), the decoder layers keep a copy
     of their weight in its layout. SmolLM2 on a Zen 5 host, 2 threads: a 128-token prompt's step 84 -> 76 ms,
