@@ -7,6 +7,7 @@ model on CPU routes its linear layers (and a tied LM head) through it, for the r
 found it wins."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -224,7 +225,17 @@ def test_bfloat16_chunks_of_widen_rows_go_to_float32_mkl_where_that_won(monkeypa
     assert calls == [WIDEN_ROWS - 1]
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
-    assert widened_wins(lib, w, reps=1, passes=1) <= {WIDEN_ROWS}
+
+
+def test_the_widened_route_is_chosen_only_where_it_timed_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    fast, slow = linear.widened_linear, lambda *a: (time.sleep(0.01), fast(*a))[1]
+    monkeypatch.setattr(linear, "widened_linear", slow)
+    assert widened_wins(lib, w, reps=1, passes=1) == frozenset()
+    monkeypatch.setattr(linear, "widened_linear", fast)
+    kernel = linear.few_rows_gemm
+    monkeypatch.setattr(linear, "few_rows_gemm", lambda *a: (time.sleep(0.01), kernel(*a))[1])
+    assert widened_wins(lib, w, reps=1, passes=1) == frozenset({WIDEN_ROWS})
 
 
 def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,8 @@
 file (``gguf_file=``): the tokenizer encodes alike, the chat template renders alike, float32 logits agree within
 3e-4 over a mixed batch, and greedy output is token-identical to ``generate`` for 64 tokens, including prompts
 whose prefix comes from the radix cache and prompts split by chunked prefill (64-token chunks). bfloat16 weights
-load too and agree with float32 on the first tokens of every prompt."""
+load too and agree with float32 on the first tokens of every prompt, and a long prompt prefilled in one chunk
+through MKL on widened operands (``linear.widened_linear``) continues as through the few-rows kernel."""
 from __future__ import annotations
 
 import pytest
@@ -99,3 +100,36 @@ def test_bfloat16_weights_agree_with_float32_on_first_tokens(smollm2_gguf, hf_to
     record_property("bfloat16_tokens_agreeing_of_16", agree)
     print(f"bfloat16 vs float32: leading tokens agreeing per prompt (of 16): {agree}")
     assert all(n >= 1 for n in agree), agree
+
+
+def test_a_bfloat16_chunk_through_widened_mkl_continues_as_the_kernel(smollm2_gguf, hf_tokenizer, monkeypatch,
+                                                                    record_property) -> None:  # noqa: ANN001
+    """A ~600-token prompt in one prefill chunk: the layers routing it to ``widened_linear`` (as where a host timed
+    that faster) or to the few-rows kernel give the same greedy continuation's leading tokens."""
+    from engine.models import linear
+    prompt = hf_tokenizer.encode(" ".join(TEXTS * 12))[:600]
+    assert len(prompt) >= linear.WIDEN_ROWS
+    core = make_core(smollm2_gguf, page_size=16, chunk=1024, max_total_tokens=4096, dtype="bfloat16",
+                     disable_radix_cache=True)
+    layers = [m for m in core.runner.model.modules() if isinstance(m, linear.FewRowsLinear)]
+    if not layers:
+        pytest.skip("the bfloat16 layers are oneDNN's packed ones here (AVX-512 BF16): no widened route")
+    widened: list[int] = []
+
+    def counted(x, weight, bias):  # noqa: ANN001, ANN202
+        widened.append(x.shape[0])
+        return real(x, weight, bias)
+    real = linear.widened_linear
+    monkeypatch.setattr(linear, "widened_linear", counted)
+    outputs = {}
+    for widen in (False, True):
+        for m in layers:
+            m.widen = widen
+        req = _greedy(core, prompt, f"widen-{widen}", n=16)
+        core.run_to_completion([req])
+        outputs[widen] = req.output_ids
+        assert bool(widened) == widen  # the chunk took the route asked for
+    agree = next((i for i, (x, y) in enumerate(zip(outputs[False], outputs[True])) if x != y), 16)
+    record_property("widened_tokens_agreeing_of_16", agree)
+    print(f"widened MKL vs the kernel, bfloat16, {len(prompt)}-token prompt: leading tokens agreeing {agree} of 16")
+    assert agree >= 8, outputs
