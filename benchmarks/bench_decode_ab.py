@@ -46,7 +46,7 @@ from benchmarks.common import BENCH_MODELS, machine, model_dir, table, write_jso
 from engine import native
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
-from engine.models import linear
+from engine.models import cpu_gemm
 from engine.runner.attention import cpu_kernels
 from engine.runner.attention.cpu_kernels import decode_attention, decode_kernel
 from engine.sampling_params import SamplingParams
@@ -111,7 +111,7 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     build = prefill_engine if args.prefill else decode_engine
     cores = [build(args.model, args.dtype, args.threads, args.batch, args.context, args.steps, v) for v in variants]
     for rev, module, attr, source, what in (
-            (args.gemm_base, linear, "few_rows_kernel", "engine/models/few_rows_gemm.c", "few-rows GEMM"),
+            (args.gemm_base, cpu_gemm, "few_rows_kernel", "engine/models/few_rows_gemm.c", "few-rows GEMM"),
             (args.attention_base, cpu_kernels, "decode_kernel", DECODE_SOURCE, "decode attention"),
             (args.prefill_attention_base, cpu_kernels, "prefill_kernel", PREFILL_SOURCE, "prefill attention")):
         if not rev:

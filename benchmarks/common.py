@@ -69,7 +69,8 @@ def model_config(path: Path) -> dict[str, Any]:
 def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 1.0) -> float:
     """This machine's matmul rate for [m, k] x [k, n]: the faster of ``F.linear`` and a weight prepacked for the
     CPU GEMM (the engine's path, engine/models/linear.py), so a floor is never set by the slower of the two."""
-    from engine.models.linear import PackedLinear, can_prepack
+    from engine.models.cpu_gemm import can_prepack
+    from engine.models.linear import PackedLinear
 
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     paths: list[Callable[[], Any]] = [lambda: torch.nn.functional.linear(a, b)]
@@ -105,7 +106,7 @@ def read_gbps(mib: int = 512, seconds: float = 1.0) -> float:
     the caches hold: a sum (torch's threads) over one buffer, and the engine's few-rows GEMM (one row, its
     weight stream prefetched) over distinct 4,096 x 1,024 float32 matrices, as a batch-1 decode step reads the
     weights. On a Zen 5 host (2 cores) the sum read ~48 GB/s and the GEMM ~80."""
-    from engine.models.linear import few_rows_gemm, few_rows_kernel
+    from engine.models.cpu_gemm import few_rows_gemm, few_rows_kernel
 
     src = torch.ones(mib * 1024 * 1024 // 4)
     readers: list[tuple[Callable[[], Any], int]] = [(src.sum, src.numel() * 4)]

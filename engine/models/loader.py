@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
-from engine.models.linear import can_prepack, prepack_linears, should_prepack, use_few_rows_kernel
+from engine.models.cpu_gemm import can_prepack
+from engine.models.linear import prepack_linears, should_prepack, use_few_rows_kernel
 from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)

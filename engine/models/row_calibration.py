@@ -1,6 +1,6 @@
 """One few-rows calibration per host: the row counts a kernel won at, measured once and kept on disk.
 
-``linear.calibrate_rows`` times the few-rows kernel against ``F.linear`` at load. Timed in each process, two
+``gemm_timing.calibrate_rows`` times the few-rows kernel against ``F.linear`` at load. Timed in each process, two
 workers on one host could choose differently near the boundary (a row count the kernel wins by 2% in one and
 loses by 1% in the other), and the two paths round differently in the last bits: a PD decode worker's logprobs
 would then differ from a colocated server's for no reason a user could see. So the first process to calibrate a

@@ -20,7 +20,7 @@ import torch
 from engine import native
 from engine.mem.kv_pool import KVPool
 from engine.models import row_ops
-from engine.models import linear as linear_layers
+from engine.models import cpu_gemm
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionMeta
 from engine.runner.attention import cpu_kernels
@@ -77,7 +77,7 @@ class DecodeStack:
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         # looked up through their modules when built, so an engine built with another GEMM or attention kernel
         # (bench_decode_ab --gemm-base, --attention-base) runs it in the stack too
-        kernels = linear_layers.few_rows_kernel(), row_ops.kernel(), cpu_kernels.decode_kernel()
+        kernels = cpu_gemm.few_rows_kernel(), row_ops.kernel(), cpu_kernels.decode_kernel()
         assert all(k is not None for k in kernels)
         gemm, rows_lib, attention = kernels
         self.model, self.rows, self._lib = model, rows, lib
@@ -107,7 +107,7 @@ class DecodeStack:
         if (lib is None or not native_decode or cfg.qk_norm or dtype not in row_ops.DTYPE_CODES
                 or model.embed_tokens.weight.device.type != "cpu" or pool.shape.dtype != dtype
                 or cfg.hidden_size > row_ops.MAX_NORM_DIM or row_ops.kernel() is None
-                or linear_layers.few_rows_kernel() is None
+                or cpu_gemm.few_rows_kernel() is None
                 or cpu_kernels.decode_kernel() is None):
             return None
         rows: frozenset[int] | None = None

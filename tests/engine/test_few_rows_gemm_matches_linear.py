@@ -14,10 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models import linear, row_calibration
-from engine.models.linear import (MAX_ROWS, WIDEN_ROWS, FewRowsLinear, best_range, calibrate_rows, can_prepack,
-                                  few_rows_gemm, few_rows_kernel, max_rows, onednn_linear, use_few_rows_kernel,
-                                  widened_wins, working_set)
+from engine.models import cpu_gemm, gemm_timing, row_calibration
+from engine.models.cpu_gemm import (MAX_ROWS, WIDEN_ROWS, can_prepack, few_rows_gemm, few_rows_kernel, max_rows,
+                                    onednn_linear)
+from engine.models.gemm_timing import best_range, calibrate_rows, widened_wins, working_set
+from engine.models.linear import FewRowsLinear, use_few_rows_kernel
 from engine.models.loader import load_model
 from tests.engine.conftest import make_core
 
@@ -94,7 +95,7 @@ def test_the_rows_it_does_not_take_go_to_onednn_where_onednn_beat_mkl_here(monke
     def counted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         onednn_rows.append(x.shape[0])
         return onednn_linear(x, weight, bias)
-    monkeypatch.setattr(linear, "onednn_linear", counted)
+    monkeypatch.setattr(cpu_gemm, "onednn_linear", counted)
     g = torch.Generator().manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024))  # large enough to be timed (CALIBRATE_MIN)
     assert use_few_rows_kernel(model) == 1
@@ -188,7 +189,7 @@ def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def counted(lib_: object, x_: torch.Tensor, w_: torch.Tensor, b_: torch.Tensor | None) -> torch.Tensor:
         calls.append(x_.shape[0])
         return few_rows_gemm(lib_, x_, w_, b_)
-    monkeypatch.setattr(linear, "few_rows_gemm", counted)
+    monkeypatch.setattr(cpu_gemm, "few_rows_gemm", counted)
     return calls
 
 
@@ -229,18 +230,18 @@ def test_bfloat16_chunks_of_widen_rows_go_to_float32_mkl_where_that_won(monkeypa
 
 def test_the_widened_route_is_chosen_only_where_it_timed_faster(monkeypatch: pytest.MonkeyPatch) -> None:
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
-    fast, slow = linear.widened_linear, lambda *a: (time.sleep(0.01), fast(*a))[1]
-    monkeypatch.setattr(linear, "widened_linear", slow)
+    fast, slow = cpu_gemm.widened_linear, lambda *a: (time.sleep(0.01), fast(*a))[1]
+    monkeypatch.setattr(cpu_gemm, "widened_linear", slow)
     assert widened_wins(lib, w, reps=1, passes=1) == frozenset()
-    monkeypatch.setattr(linear, "widened_linear", fast)
-    kernel = linear.few_rows_gemm
-    monkeypatch.setattr(linear, "few_rows_gemm", lambda *a: (time.sleep(0.01), kernel(*a))[1])
+    monkeypatch.setattr(cpu_gemm, "widened_linear", fast)
+    kernel = cpu_gemm.few_rows_gemm
+    monkeypatch.setattr(cpu_gemm, "few_rows_gemm", lambda *a: (time.sleep(0.01), kernel(*a))[1])
     assert widened_wins(lib, w, reps=1, passes=1) == frozenset({WIDEN_ROWS})
 
 
 def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     weights = [torch.empty(256, 1024) for _ in range(10)]  # 1 MiB each
-    monkeypatch.setattr(linear, "last_level_cache", lambda: 4 << 20)
+    monkeypatch.setattr(gemm_timing, "last_level_cache", lambda: 4 << 20)
     assert len(working_set(weights)) == 5  # 5 MiB: a quarter over the 4 MiB cache, so each is read from memory
-    monkeypatch.setattr(linear, "last_level_cache", lambda: 64 << 20)
+    monkeypatch.setattr(gemm_timing, "last_level_cache", lambda: 64 << 20)
     assert len(working_set(weights)) == 10  # the whole model fits: all of it, as a step reads it

@@ -14,7 +14,8 @@ from torch import nn
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
-from engine.models.linear import PackedLinear, can_prepack, few_rows_kernel, prepack_linears
+from engine.models.cpu_gemm import can_prepack, few_rows_kernel
+from engine.models.linear import PackedLinear, prepack_linears
 from engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")

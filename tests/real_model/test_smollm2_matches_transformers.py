@@ -3,7 +3,7 @@ file (``gguf_file=``): the tokenizer encodes alike, the chat template renders al
 3e-4 over a mixed batch, and greedy output is token-identical to ``generate`` for 64 tokens, including prompts
 whose prefix comes from the radix cache and prompts split by chunked prefill (64-token chunks). bfloat16 weights
 load too and agree with float32 on the first tokens of every prompt, and a long prompt prefilled in one chunk
-through MKL on widened operands (``linear.widened_linear``) continues as through the few-rows kernel."""
+through MKL on widened operands (``cpu_gemm.widened_linear``) continues as through the few-rows kernel."""
 from __future__ import annotations
 
 import pytest
@@ -106,9 +106,9 @@ def test_a_bfloat16_chunk_through_widened_mkl_continues_as_the_kernel(smollm2_gg
                                                                     record_property) -> None:  # noqa: ANN001
     """A ~600-token prompt in one prefill chunk: the layers routing it to ``widened_linear`` (as where a host timed
     that faster) or to the few-rows kernel give the same greedy continuation's leading tokens."""
-    from engine.models import linear
+    from engine.models import cpu_gemm, linear
     prompt = hf_tokenizer.encode(" ".join(TEXTS * 12))[:600]
-    assert len(prompt) >= linear.WIDEN_ROWS
+    assert len(prompt) >= cpu_gemm.WIDEN_ROWS
     core = make_core(smollm2_gguf, page_size=16, chunk=1024, max_total_tokens=4096, dtype="bfloat16",
                      disable_radix_cache=True)
     layers = [m for m in core.runner.model.modules() if isinstance(m, linear.FewRowsLinear)]
@@ -119,8 +119,8 @@ def test_a_bfloat16_chunk_through_widened_mkl_continues_as_the_kernel(smollm2_gg
     def counted(x, weight, bias):  # noqa: ANN001, ANN202
         widened.append(x.shape[0])
         return real(x, weight, bias)
-    real = linear.widened_linear
-    monkeypatch.setattr(linear, "widened_linear", counted)
+    real = cpu_gemm.widened_linear
+    monkeypatch.setattr(cpu_gemm, "widened_linear", counted)
     outputs = {}
     for widen in (False, True):
         for m in layers:

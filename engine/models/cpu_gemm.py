@@ -1,0 +1,103 @@
+"""The GEMM routes a CPU linear layer can take, as plain functions: the few-rows kernel (few_rows_gemm.c),
+oneDNN's GEMM on a dense or packed weight, and MKL's float32 GEMM on widened bfloat16 operands. Which route a
+layer takes for a row count is decided in linear.py, from timings made at load (gemm_timing.py).
+
+The few-rows kernel reads each weight row once for all of a call's rows, where MKL's sgemm packs the whole weight
+per call: for a small decode batch or a speculative verification that packing is most of the work. A row's
+result does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch.
+In bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take
+bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine import native
+
+log = logging.getLogger(__name__)
+
+# oneDNN picks its blocking for this many rows; 64 measured best across 1-512 rows (1 was 1.5-2x slower)
+PACK_ROWS_HINT = 64
+_PACKABLE = (torch.float32, torch.bfloat16)
+MAX_ROWS = 256  # the most rows one kernel call takes (float32 tiles)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# Bfloat16 inputs of at least this many rows, on a host where the kernel takes every count (no AVX-512 BF16),
+# through MKL's float32 GEMM on widened copies of x and the weight where that was faster here (timed once per
+# host at this count): the kernel's tiles reach ~47 GFLOP/s on an AVX2-only Zen 1 host (2 threads), MKL ~62 with
+# the weight widened at every call (SmolLM2's 20 3,072 x 576 and 576 x 1,536 weights at 512 rows: 579 -> 457 ms;
+# at 256 rows 1.09x, at 64 the kernel 1.56x). Prefill chunks, so a prompt row's result there depends on its chunk
+# (as where oneDNN or MKL take prefill in float32); decode rows stay on the kernel.
+WIDEN_ROWS = 512
+
+
+def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype in _PACKABLE and _onednn_packs(dtype)
+
+
+@functools.cache
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs ``dtype`` weights on this CPU: asked by packing a small one, since its bfloat16
+    path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT and refuses at run time on an AVX2-only host."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), PACK_ROWS_HINT)
+    except RuntimeError as e:
+        log.info("oneDNN cannot pack %s weights on this CPU (%s): they stay dense", dtype, str(e).splitlines()[0])
+        return False
+    return True
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered into oneDNN's blocked layout, for ``onednn_linear``."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` through oneDNN's GEMM on a dense float32 weight (reordered per call) or a packed one."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def few_rows_kernel() -> ctypes.CDLL | None:
+    lib = native.load(Path(__file__).with_name("few_rows_gemm.c"))
+    if lib is not None:
+        for fn in (lib.splitserve_few_rows_gemm, lib.splitserve_few_rows_gemm_bf16):
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.splitserve_few_rows_bf16_max.restype = ctypes.c_int
+    return lib
+
+
+def max_rows(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
+    """The most rows the kernel takes in ``dtype``: MAX_ROWS, but in bfloat16 with AVX-512 BF16 a few (pair
+    products, no tiles: oneDNN's packed GEMM takes more)."""
+    return lib.splitserve_few_rows_bf16_max() if dtype == torch.bfloat16 else MAX_ROWS
+
+
+def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for float32 or bfloat16 CPU tensors (all of one dtype, weight contiguous) of
+    at most ``max_rows`` rows, or of any number where the kernel takes MAX_ROWS (in pieces of that many: a row's
+    result does not depend on the rows that come with it)."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype)
+    fn = lib.splitserve_few_rows_gemm_bf16 if weight.dtype == torch.bfloat16 else lib.splitserve_few_rows_gemm
+    b = None if bias is None else bias.data_ptr()
+    step = x.stride(0) * x.element_size(), y.stride(0) * y.element_size()
+    for start in range(0, x.shape[0], MAX_ROWS):
+        rows = min(MAX_ROWS, x.shape[0] - start)
+        rc = fn(x.data_ptr() + start * step[0], weight.data_ptr(), b, y.data_ptr() + start * step[1], rows,
+                weight.shape[0], weight.shape[1], torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"few-rows GEMM refused the shapes {tuple(x.shape)} x {tuple(weight.shape)}")
+    return y
+
+
+def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of bfloat16 operands in float32 (MKL), rounded to bfloat16."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(weight.dtype)

@@ -1,0 +1,177 @@
+"""Which CPU GEMM is faster on this host, timed when a model loads: the few-rows kernel against ``F.linear``
+(MKL) or oneDNN's packed GEMM row count by row count (``calibrate_rows``), oneDNN against MKL at a prefill
+chunk's rows (``onednn_beats_mkl``), and MKL on widened bfloat16 operands against the kernel
+(``widened_wins``). The answers depend on the host (on an AMD EPYC with AVX-512 the kernel was 1.6-2.8x faster
+than MKL even for one row, and with its tiles 1.5-2x MKL from 17 to 64 rows on a Zen 5 host; an earlier host's MKL
+was as fast for 1-3 rows), so each is measured once per host and shared by every process on it
+(row_calibration.py); linear.py routes each layer's row counts by them."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.models import cpu_gemm, row_calibration
+
+log = logging.getLogger(__name__)
+
+# row counts timed at load: each one up to 32, then samples that stand for the counts since the one before, up to
+# a batch-64 decode step. The kernel takes up to MAX_ROWS and beat MKL up to 200 rows on a Zen 5 host (1.5x), but
+# oneDNN beat it from ~30 rows there (SmolLM2's 30 layers and LM head at 64 rows: 53.5 ms, the kernel 62.4, MKL
+# 114.3) and takes the counts past 64, where prefill chunks start.
+CALIBRATE_ROWS = (*range(1, 33), 40, 48, 56, 64)
+CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
+# their row counts: 1-3 rows stay on MKL's single-row path for them, as before calibration (with the kernel there
+# too, the tiny model's PD logprobs differed from the colocated server's in the 4th decimal: not yet understood)
+DEFAULT_ROWS = frozenset(range(4, 21))
+BIG_ROWS = 512  # a prefill chunk's rows, where MKL and oneDNN are compared
+LLC_DEFAULT = 32 << 20  # bytes of last-level cache assumed where the OS does not say
+
+
+def best_of(fn: Callable[[], object], reps: int) -> float:
+    """The fastest of ``reps`` timed calls, after one untimed."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def calibrated_counts(lib: ctypes.CDLL, dtype: torch.dtype) -> tuple[int, ...]:
+    """The row counts a calibration times in ``dtype``: CALIBRATE_ROWS, or every count the kernel takes where
+    that is a few."""
+    top = cpu_gemm.max_rows(lib, dtype)
+    return CALIBRATE_ROWS if top == cpu_gemm.MAX_ROWS else tuple(range(1, top + 1))
+
+
+def onednn_beats_mkl(weight: torch.Tensor, reps: int = 3, passes: int = 3) -> bool:
+    """Whether oneDNN's GEMM on the dense ``weight`` is faster than ``F.linear`` (MKL) at BIG_ROWS rows here:
+    the median over ``passes`` of each one's best of ``reps``, once per host (``row_calibration``)."""
+    if not cpu_gemm.can_prepack(weight.device, torch.float32):
+        return False
+
+    def measure() -> frozenset[int]:
+        x = torch.randn(BIG_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        try:
+            with torch.inference_mode():
+                saved = [best_of(lambda: F.linear(x, weight), reps)
+                         - best_of(lambda: cpu_gemm.onednn_linear(x, weight, None), reps) for _ in range(passes)]
+        except RuntimeError as e:  # a oneDNN build that packs but refuses this call: MKL it is
+            log.info("oneDNN's float32 GEMM is not usable here (%s): MKL's takes prefill", str(e).splitlines()[0])
+            return frozenset()
+        return frozenset({BIG_ROWS}) if statistics.median(saved) > 0 else frozenset()
+    return bool(row_calibration.cached_rows(row_calibration.key(tuple(weight.shape), "onednn-dense-vs-mkl"), measure))
+
+
+def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: int = 3) -> frozenset[int]:
+    """``{WIDEN_ROWS}`` where ``widened_linear`` beat the kernel (in pieces) at that many rows on ``weight`` (the
+    median of ``passes``, each the best of ``reps``), else nothing: a row_calibration answer."""
+    rows = cpu_gemm.WIDEN_ROWS
+    x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    with torch.inference_mode():
+        saved = [best_of(lambda: cpu_gemm.few_rows_gemm(lib, x, weight, None), reps)
+                 - best_of(lambda: cpu_gemm.widened_linear(x, weight, None), reps) for _ in range(passes)]
+    return frozenset({rows}) if statistics.median(saved) > 0 else frozenset()
+
+
+def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3, passes: int = 3,
+                   baseline: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+                   counts: tuple[int, ...] = CALIBRATE_ROWS) -> frozenset[int]:
+    """The row counts in ``counts`` where the kernel beats ``baseline`` (``F.linear``; called with the input and
+    the weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here.
+    ``passes`` sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its
+    median over the passes, so a disturbance during one sweep (another worker loading its model on the same
+    cores) does not decide; then the one contiguous range of counts that saves the most time in all
+    (``best_range``, a sampled count weighted by the counts it stands for, and standing for all of them in the
+    result), so one noisy count cannot punch a hole in the range or add a stray one. About a second, once per
+    host (``row_calibration``)."""
+
+    base = baseline or (lambda x, i: F.linear(x, weights[i]))
+    g = torch.Generator().manual_seed(0)
+    widths = sorted({w.shape[1] for w in weights})
+    inputs = {m: {k: torch.randn(m, k, generator=g).to(weights[0].dtype) for k in widths} for m in counts}
+    saved: dict[int, list[float]] = {m: [] for m in counts}
+
+    def run(fn: Callable[[torch.Tensor, int], torch.Tensor], xs: dict[int, torch.Tensor]) -> Callable[[], None]:
+        def every_weight() -> None:
+            for i, w in enumerate(weights):
+                fn(xs[w.shape[1]], i)
+        return every_weight
+    with torch.inference_mode():
+        for _ in range(passes):
+            for m, xs in inputs.items():
+                saved[m].append(best_of(run(base, xs), reps) - best_of(
+                    run(lambda x, i: cpu_gemm.few_rows_gemm(lib, x, weights[i], None), xs), reps))
+    return best_range({m: statistics.median(v) for m, v in saved.items()})
+
+
+def last_level_cache() -> int:
+    """The largest CPU cache's size in bytes (Linux's sysfs), or LLC_DEFAULT."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip() if f.is_file() else ""
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=LLC_DEFAULT)
+
+
+def working_set(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The weights a calibration times together: the model's own, in order, until they hold a quarter more than
+    the CPU's last-level cache, so taken in turn each is read from memory, as in a step of a model larger than
+    the caches (all of them for a model that fits). Timed alone, one 3,072 x 576 weight stays in the cache: in
+    bfloat16 the kernel then beat oneDNN's packed GEMM at 1-2 rows only, where over SmolLM2's 30 layers it was
+    1.1-1.6x faster at 1-11."""
+    limit, total, out = last_level_cache() * 5 // 4, 0, []
+    for w in weights:
+        out.append(w)
+        total += w.numel() * w.element_size()
+        if total >= limit:
+            break
+    return out
+
+
+def kernel_key(lib: ctypes.CDLL, timed: list[torch.Tensor]) -> str:
+    """The kernel's part of a calibration key: the compiled library and the working set's size."""
+    return f"{Path(lib._name).stem}-{sum(w.numel() * w.element_size() for w in timed) >> 20}MB"
+
+
+def _stands_for(counts: list[int]) -> dict[int, range]:
+    """Each sampled row count and the counts it stands for: those after the sample before it, up to itself."""
+    return {m: range(prev + 1, m + 1) for prev, m in zip([0, *counts], counts)}
+
+
+def best_range(saved: dict[int, float]) -> frozenset[int]:
+    """The contiguous run of keys (in order) with the largest positive sum of ``saved`` (Kadane), or none; a key
+    counts for the row counts it stands for (``_stands_for``), and the result holds all of them."""
+    spans = _stands_for(sorted(saved))
+    best, best_sum, run, run_sum = frozenset(), 0.0, [], 0.0
+    for m in sorted(saved):
+        if run_sum <= 0:
+            run, run_sum = [], 0.0
+        run.append(m)
+        run_sum += saved[m] * len(spans[m])
+        if run_sum > best_sum:
+            best, best_sum = frozenset(c for k in run for c in spans[k]), run_sum
+    return best
+
+
+def ranges(rows: frozenset[int]) -> str:
+    """1-3, 5, 7-20"""
+    out, run = [], []
+    for r in sorted(rows):
+        if run and r != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(r)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
