@@ -1,4 +1,10 @@
-"""/v1/completions and /v1/chat/completions, streamed (SSE ending in ``data: [DONE]``) and not."""
+"""/v1/completions and /v1/chat/completions, streamed (SSE ending in ``data: [DONE]``) and not.
+
+A streamed choice gets a chunk for every engine step that gave it tokens, as /generate, vLLM and SGLang stream,
+even when none of their text is complete yet (its text then empty: part of a UTF-8 character, a tail held back
+because it could become a stop string, a token with no text): so a client's time to first token and between
+tokens counts tokens, not characters. Skipping such chunks put a random-weight model's first chunk (most of its
+32,000 ids have no text in its 4,096-token tokenizer) several decode steps after its first token."""
 from __future__ import annotations
 
 import dataclasses
@@ -180,7 +186,7 @@ async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput
             yield _sse({**base, "choices": [{"index": index[rid], "text": text, "logprobs": prompt,
                                              "finish_reason": None}]})
         score_only = rid in echo and echo[rid].score_only
-        if not out.new_text and not out.finished and not out.logprobs:
+        if not out.new_token_ids and not out.new_text and not out.finished:
             continue
         text, lps = ("", []) if score_only else (out.new_text, out.logprobs)
         choice = {"index": index[rid], "text": text,
@@ -269,7 +275,7 @@ async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], req
         if err is not None:
             yield sse_error(err.status, err.message, err.code)
             return
-        if not out.new_text and not out.finished and not out.logprobs:
+        if not out.new_token_ids and not out.new_text and not out.finished:
             continue
         reason = _finish_reason(out.req) if out.finished else None
         text, found = out.new_text, []
@@ -278,12 +284,10 @@ async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], req
             text, found = stream.feed(out.new_text, final=out.finished)
             if reason == "stop" and stream.calls:
                 reason = "tool_calls"
-        delta: dict = {"content": text} if text else {}
+        delta: dict = {"content": text} if text or stream is None else {}
         if found:
             first = stream.calls - len(found)  # type: ignore[union-attr]
             delta["tool_calls"] = [{"index": first + k, **c.as_dict()} for k, c in enumerate(found)]
-        if not delta and not out.finished and not out.logprobs:
-            continue
         choice = {"index": index[out.req.rid], "delta": delta,
                   "logprobs": _chat_logprobs(ctx, out.logprobs) if out.req.sampling.logprobs is not None
                   else None,
