@@ -7,12 +7,18 @@
  * Per key block: K is converted to float32 and transposed (BK x BK lanes by shuffles) into [D][BK], so a query
  * row's BK scores are D broadcast-FMAs into one vector (no horizontal sums), RB query rows sharing each K load,
  * two FMA chains per row; the weights then multiply the block's V rows (converted once) into the output rows,
- * RB rows x PVW vectors at a time. Written with GCC vector extensions in the target's width (vec16.h's vk): with
- * AVX-512 a block is 16 keys and RB 8 rows; otherwise 8 keys and 4 rows, for 16 registers of 8 floats (on 16-float
- * vectors GCC kept every value in memory there: an AVX2-only Zen 1 host ran 4 x 512 tokens of SmolLM2's heads in
- * 229 ms a layer, 5 GFLOP/s, and runs them in 37 ms on 8 floats, SDPA 52; RB 2, 6 or 8 and PVW 3 or 4 level
- * within 10%). Tasks are taken dynamically, the longest (latest positions) first, since causal tasks differ in
- * length.
+ * RB rows x PVW vectors at a time. Written with GCC vector extensions in the target's width (vec16.h's vk): a
+ * block is 16 keys, with AVX-512 one vector of scores per row and RB 8 rows; otherwise two vectors of 8 and 4
+ * rows, for 16 registers of 8 floats (on 16-float vectors GCC kept every value in memory there: an AVX2-only Zen
+ * 1 host ran 4 x 512 tokens of SmolLM2's heads in 229 ms a layer, 5 GFLOP/s, and 37 ms on 8 floats, SDPA 52; RB
+ * 2, 6 or 8 and PVW 3 or 4 level within 10%). Two vectors of 8 keys there, not one: each broadcast of q serves
+ * two FMAs (AVX2 has no broadcast operand), and a block's softmax bookkeeping (the max, the correction, the
+ * output's rescaling and reload) is paid once per 16 keys; same host, 4 x 512 tokens, variants alternating (ad
+ * hoc): 36.7 -> 29.9 ms a layer (33 -> 40.5 GFLOP/s) in float32, 35.6 -> 30.0 in bfloat16; 32 keys with 2 rows
+ * and 4 output vectors 1.03x more, each weight broadcast once per row group 0.85x; a SmolLM2 prefill
+ * (bench_decode_ab --prefill-attention-base) of one 2,048-token prompt 11.62 -> 10.56 s in float32 (1.10x), 12.09
+ * -> 11.20 in bfloat16, of 4 x 512 tokens 8.00 -> 7.80 s. Tasks are taken dynamically, the longest (latest
+ * positions) first, since causal tasks differ in length.
  *
  * Why: torch's CPU flash attention (SDPA) took 45% of a bfloat16 SmolLM2 prefill step (8 x 512 tokens: 949 ms
  * of 2.1 s, 30 layers; 3.6-4.7 ms per sequence and layer for 9 heads x 512 x 64, ~80 GFLOP/s). Tuned on that
@@ -40,7 +46,9 @@
 #include "vec16.h"
 
 #define BQ 32 /* query positions per task */
-#define BK VK /* keys per block: one vector of scores */
+#define BK 16 /* keys per block: one vector of scores per row with AVX-512, two of 8 floats elsewhere */
+#define NB (BK / VK) /* score vectors per row and block */
+_Static_assert(NB == 1 || NB == 2, "the score loops take one or two vectors of keys");
 #define PVW 2 /* output vectors per row held in registers while the weights multiply V */
 #ifdef __AVX512F__
 #define RB 8 /* query rows sharing each load */
@@ -113,21 +121,27 @@ static inline void transposek(vk *r) {
 #endif
 #undef SWAP_ROUND
 
-/* One row's online-softmax step over a block of scores: the weights (zero from key `lim` on) against the new
- * running max, the denominator updated, the row's output so far rescaled when the max moved. */
-static inline vk softmax_block(vk score, int64_t lim, float *mx, float *den, float *orow, int D) {
+/* One row's online-softmax step over a block of NB vectors of scores, replaced by the weights (zero from key
+ * `lim` on) against the new running max; the denominator updated, the row's output so far rescaled when the max
+ * moved. */
+static inline void softmax_block(vk *score, int64_t lim, float *mx, float *den, float *orow, int D) {
     vki lane;
     for (int i = 0; i < VK; i++) lane[i] = i;
-    const vki valid = lane < (int32_t)lim;
-    const float m_old = *mx, m = hmaxk(pickk(valid, score, (vk){0} - 1e30f));
+    vk top = pickk(lane < (int32_t)lim, score[0], (vk){0} - 1e30f);
+    for (int c = 1; c < NB; c++) {
+        const vk s = pickk(lane + VK * c < (int32_t)lim, score[c], (vk){0} - 1e30f);
+        top = pickk(s > top, s, top);
+    }
+    const float m_old = *mx, m = hmaxk(top);
     const float m_new = m > m_old ? m : m_old;
-    const vk p = pickk(valid, expk(score - m_new), (vk){0});
-    const float c = m_new > m_old ? expk((vk){0} + (m_old - m_new))[0] : 1.f; /* expk(0) is 1 exactly */
-    storek(den, loadk(den) * c + p); /* lanewise: summed once, at the end */
+    for (int c = 0; c < NB; c++) score[c] = pickk(lane + VK * c < (int32_t)lim, expk(score[c] - m_new), (vk){0});
+    const float f = m_new > m_old ? expk((vk){0} + (m_old - m_new))[0] : 1.f; /* expk(0) is 1 exactly */
+    vk d = loadk(den) * f + score[0]; /* lanewise: summed once, at the end */
+    for (int c = 1; c < NB; c++) d += score[c];
+    storek(den, d);
     *mx = m_new;
-    if (c != 1.f)
-        for (int jj = 0; jj < D / VK; jj++) storek(orow + VK * jj, loadk(orow + VK * jj) * c);
-    return p;
+    if (f != 1.f)
+        for (int jj = 0; jj < D / VK; jj++) storek(orow + VK * jj, loadk(orow + VK * jj) * f);
 }
 
 /* Scratch floats per thread: query rows and output rows (padded to RB rows), K transposed, V, max, denominator
@@ -175,25 +189,39 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
                 storek(vb + t * D + VK * j, loadk_any(A->v_cache, idx + VK * j, A->kv_dtype));
             }
         }
-        for (int j = 0; j < DV; j++) {
-            vk r[BK];
-            for (int t = 0; t < BK; t++) r[t] = kr[t][j];
-            transposek(r);
-            for (int i = 0; i < VK; i++) storek(kt + (VK * j + i) * BK, r[i]);
-        }
+        for (int j = 0; j < DV; j++)
+            for (int c = 0; c < NB; c++) {
+                vk r[VK];
+                for (int t = 0; t < VK; t++) r[t] = kr[VK * c + t][j];
+                transposek(r);
+                for (int i = 0; i < VK; i++) storek(kt + (VK * j + i) * BK + VK * c, r[i]);
+            }
         /* rows before the block's first key's position see none of it (row order is position order) */
         const int64_t unseen = kb - prefix - i0 > 0 ? (kb - prefix - i0) * G : 0;
         for (int r0 = (int)(unseen / RB * RB); r0 < rows; r0 += RB) {
-            vk sc[RB], sc2[RB]; /* even and odd dims: two chains per row, so the FMAs do not wait on each other */
-            for (int j = 0; j < RB; j++) sc[j] = sc2[j] = (vk){0};
-            for (int d = 0; d < D; d += 2) {
-                const vk k = loadk(kt + d * BK), k2 = loadk(kt + (d + 1) * BK);
-                for (int j = 0; j < RB; j++) {
-                    sc[j] += qs[(int64_t)(r0 + j) * D + d] * k;
-                    sc2[j] += qs[(int64_t)(r0 + j) * D + d + 1] * k2;
+            /* two chains per row, so the FMAs do not wait on each other: with one vector of scores, even and odd
+             * dims; with two, one vector each (each broadcast of q then serves two FMAs) */
+            vk sc[RB][2];
+            for (int j = 0; j < RB; j++) sc[j][0] = sc[j][1] = (vk){0};
+            if (NB == 1) {
+                for (int d = 0; d < D; d += 2) {
+                    const vk k = loadk(kt + d * BK), k2 = loadk(kt + (d + 1) * BK);
+                    for (int j = 0; j < RB; j++) {
+                        sc[j][0] += qs[(int64_t)(r0 + j) * D + d] * k;
+                        sc[j][1] += qs[(int64_t)(r0 + j) * D + d + 1] * k2;
+                    }
+                }
+                for (int j = 0; j < RB; j++) sc[j][0] += sc[j][1];
+            } else {
+                for (int d = 0; d < D; d++) {
+                    const vk k = loadk(kt + d * BK), k2 = loadk(kt + d * BK + VK);
+                    for (int j = 0; j < RB; j++) {
+                        const float qd = qs[(int64_t)(r0 + j) * D + d];
+                        sc[j][0] += qd * k;
+                        sc[j][1] += qd * k2;
+                    }
                 }
             }
-            for (int j = 0; j < RB; j++) sc[j] += sc2[j];
             float w[RB][BK];
             for (int j = 0; j < RB; j++) {
                 const int r = r0 + j;
@@ -203,7 +231,8 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
                     memset(w[j], 0, sizeof w[j]);
                     continue;
                 }
-                storek(w[j], softmax_block(sc[j], lim, mx + r, den + VK * r, o + (int64_t)r * D, D));
+                softmax_block(sc[j], lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
+                for (int c = 0; c < NB; c++) storek(w[j] + VK * c, sc[j][c]);
             }
             for (int d0 = 0; d0 < D; d0 += VK * PVW) { /* RB rows x PVW vectors of output in registers */
                 vk acc[RB][PVW];
@@ -328,7 +357,8 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
                     memset(wp[j], 0, sizeof wp[j]);
                     continue;
                 }
-                const vk p = softmax_block(score, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
+                vk p = score;
+                softmax_block(&p, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
                 const __m256bh pb = _mm512_cvtneps_pbh((__m512)p);
                 memcpy(wp[j], &pb, sizeof wp[j]);
             }
