@@ -29,10 +29,11 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # Bfloat16 inputs of at least this many rows, on a host where the kernel takes every count (no AVX-512 BF16),
 # through MKL's float32 GEMM on widened copies of x and the weight where that was faster here (timed once per
 # host at this count): the kernel's tiles reach ~47 GFLOP/s on an AVX2-only Zen 1 host (2 threads), MKL ~62 with
-# the weight widened at every call (SmolLM2's 20 3,072 x 576 and 576 x 1,536 weights at 512 rows: 579 -> 457 ms;
-# at 256 rows 1.09x, at 64 the kernel 1.56x). Prefill chunks, so a prompt row's result there depends on its chunk
-# (as where oneDNN or MKL take prefill in float32); decode rows stay on the kernel.
-WIDEN_ROWS = 512
+# the weight widened at every call. There, three of each of a model's four layer shapes in turn, alternating (ad
+# hoc), widened over the kernel: SmolLM2 128 rows 0.93x, 192 1.02x, 256 1.20x, 512 1.26x; the 150M model 0.85x,
+# 1.08x, 1.14x, 1.23x. Prefill chunks, so a prompt row's result there depends on its chunk (as where oneDNN or MKL
+# take prefill in float32); decode rows stay on the kernel.
+WIDEN_ROWS = 256
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:

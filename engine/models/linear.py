@@ -220,7 +220,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     beyond = dtype == torch.bfloat16 and cpu_gemm.max_rows(lib, dtype) == MAX_ROWS and max(counts) in rows
     widen = False
     if beyond:
-        widen = bool(row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-widen"),
+        widen = bool(row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + f"-widen{WIDEN_ROWS}"),
                                                  lambda: gemm_timing.widened_wins(lib, widest)))
         log.info("few-rows kernel for bfloat16 above %d rows too (F.linear was slower at %d)%s", max(rows),
                  max(rows), f", from {WIDEN_ROWS} rows MKL on widened operands" if widen else "")
