@@ -245,3 +245,22 @@ def test_the_working_set_passes_the_last_level_cache_or_takes_every_weight(monke
     assert len(working_set(weights)) == 5  # 5 MiB: a quarter over the 4 MiB cache, so each is read from memory
     monkeypatch.setattr(gemm_timing, "last_level_cache", lambda: 64 << 20)
     assert len(working_set(weights)) == 10  # the whole model fits: all of it, as a step reads it
+
+
+def test_a_row_count_with_a_clear_winner_is_not_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Further sweeps only for the counts whose first timing was close: a baseline many times slower than the
+    kernel is timed in the first sweep alone, one that takes as long as the kernel in every sweep."""
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(8))
+    calls: list[int] = []
+
+    def baseline(x: torch.Tensor, i: int) -> torch.Tensor:
+        calls.append(x.shape[0])
+        time.sleep(0.005)
+        return F.linear(x, w)
+    assert calibrate_rows(lib, [w], reps=1, passes=3, baseline=baseline, counts=(1, 2)) == {1, 2}
+    assert sorted(calls) == [1, 1, 2, 2]  # one sweep: a warm-up and a timed call per count
+    calls.clear()
+    kernel = cpu_gemm.few_rows_gemm
+    monkeypatch.setattr(cpu_gemm, "few_rows_gemm", lambda *a: (time.sleep(0.005), kernel(*a))[1])
+    calibrate_rows(lib, [w], reps=1, passes=3, baseline=baseline, counts=(1, 2))
+    assert sorted(calls) == [1] * 6 + [2] * 6  # as long as the kernel: three sweeps
