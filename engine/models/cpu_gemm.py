@@ -32,7 +32,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 # the weight widened at every call. There, three of each of a model's four layer shapes in turn, alternating (ad
 # hoc), widened over the kernel: SmolLM2 128 rows 0.93x, 192 1.02x, 256 1.20x, 512 1.26x; the 150M model 0.85x,
 # 1.08x, 1.14x, 1.23x. Prefill chunks, so a prompt row's result there depends on its chunk (as where oneDNN or MKL
-# take prefill in float32); decode rows stay on the kernel.
+# take prefill in float32); steps of fewer rows (decode batches and verifications under 256 rows) stay on the
+# kernel, whose result for a row does not depend on its batch.
 WIDEN_ROWS = 256
 
 

@@ -7,7 +7,7 @@
  * Here every weight row is read once from memory and the x rows stay in L1/L2. Measured on SmolLM2's shapes
  * (2 threads, AVX-512): 1.2-2.3x faster than F.linear for 4-8 rows, 1.5-4x for 9-20; with the tiles below,
  * 1.5-2x from 17 to 200 rows on a Zen 5 host (30 layers' shapes, ad hoc harness; 64 rows 57.7 ms against MKL's
- * 113, before the prefetching below). engine/models/linear.py measures at load which row counts come here.
+ * 113, before the prefetching below). engine/models/gemm_timing.py measures at load which row counts come here.
  *
  * Up to ROWDOT_ROWS x rows, each weight row is read once and dotted with every x row, one accumulator per x row
  * in registers (the target's vector width along K, vk below); the tail of K runs scalar. More x rows are split as
@@ -29,7 +29,7 @@
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
-#define MAX_ROWS 256 /* linear.py's MAX_ROWS */
+#define MAX_ROWS 256 /* cpu_gemm.py's MAX_ROWS */
 #define ROWDOT_ROWS_BF16 11 /* the same for bfloat16, which has no tiles (more rows go to oneDNN) */
 #define PREFETCH_BYTES 8192 /* of the weight stream, prefetched ahead of the row-by-row loop */
 

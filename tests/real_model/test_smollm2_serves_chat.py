@@ -4,6 +4,8 @@ stops at ``<|im_end|>`` with finish_reason ``stop`` and no stop token in the tex
 chat prompt the server renders is transformers' ``apply_chat_template``."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -97,3 +99,27 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(smollm2_server: 
     assert more.logprobs.text_offset[len(ids)] == len(prompt)
     plain = c.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=3, echo=True, temperature=0)
     assert plain.choices[0].text == more.text and plain.choices[0].logprobs is None
+
+
+def test_a_streamed_completion_sends_a_chunk_for_every_token_even_one_whose_text_is_held(
+        smollm2_server: ServerProcess) -> None:
+    """A stop string that starts like the answer holds its text back until the answer departs from it: those
+    tokens still get their chunks (empty text), as vLLM streams, so a client times every token; the texts join
+    into the unstreamed answer."""
+    body = {"model": SERVED_NAME, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
+    whole = httpx.post(smollm2_server.url + "/v1/completions", json=body, timeout=120).json()
+    text = whole["choices"][0]["text"]
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = text[:text.index(words[2])] + "~never~"  # matches the answer's first two words, then never
+    texts, usage = [], None
+    with httpx.stream("POST", smollm2_server.url + "/v1/completions", timeout=120, json={
+            **body, "stop": [stop], "stream": True, "stream_options": {"include_usage": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                texts += [c["text"] for c in chunk["choices"]]
+                usage = chunk.get("usage") or usage
+    assert "".join(texts) == text
+    assert usage is not None and len(texts) == usage["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert "" in texts[:-1]  # the held tokens' chunks
