@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass
 
 from decode_worker.config import DecodeConfig
-from engine.engine_core import EngineCore, StepOutput
+from engine.engine_core import EngineCore
 from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.sampler import TokenLogprob, unpack_logprobs
+from engine.step_output import StepOutput
 from kv_transfer import DecodeTransferManager, KVReceiver, KVTransferError, RoomState
 
 log = logging.getLogger("decode_worker")

@@ -17,9 +17,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from engine.engine_core import EngineCore, StepOutput
+from engine.engine_core import EngineCore
 from engine.request import Abort, Request, Status
 from engine.sampling_params import InvalidRequestError
+from engine.step_output import StepOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

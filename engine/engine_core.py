@@ -9,8 +9,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -21,7 +19,9 @@ from engine.grammar.masks import MaskFiller
 from engine.grammar.state import GrammarRejected, GrammarState
 from engine.mem.allocator import PageAllocator
 from engine.mem.base import NoPrefixCache, PrefixCache
+from engine.mem.budget import pool_tokens
 from engine.mem.hicache import host_tier_for
+from engine.mem.hiradix_cache import HiRadixCache
 from engine.mem.kv_pool import KVPool, KVShape
 from engine.mem.radix_cache import RadixCache
 from engine.mem.storage import weight_files
@@ -37,52 +37,17 @@ from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler, StepRecord
 from engine.spec import Drafter, Speculator, create_drafter, draft_rows, measure_prior, split_rows
 from engine.spec.tree import moves
+from engine.step_output import StepOutput, token_output
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 LOAD_POLL_S = 0.002  # how often the engine thread looks for finished load-backs while nothing else can run
 
 
-@dataclass
-class StepOutput:
-    req: Request
-    new_token_ids: list[int] = field(default_factory=list)
-    new_text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finished: bool = False
-    jumped: int = 0  # of new_token_ids, how many a grammar forced (jump-forward) rather than the model sampled
-    drafted: int = 0  # speculative decoding: draft tokens verified this step, and how many of them were kept
-    accepted: int = 0
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def _pool_tokens(cfg: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
-    if cfg.cache.max_total_tokens:
-        return cfg.cache.max_total_tokens
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free * cfg.cache.mem_fraction
-    else:
-        budget = host_memory_bytes() * cfg.cache.mem_fraction
-    return int(budget // bytes_per_token)
-
-
-def host_memory_bytes() -> int:
-    """Physical memory, or the container's cgroup limit when that is smaller (a pod's memory limit)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
 
 
 class EngineCore:
@@ -114,8 +79,8 @@ class EngineCore:
             drafter = create_drafter(cfg.speculative, mc, self.tokenizer, self.arch.vocab_size, self.dtype,
                                      self.device)
         # one memory budget for the target's pool and a draft model's (both hold the same number of tokens)
-        tokens = _pool_tokens(cfg, probe.bytes_per_token + (drafter.kv_bytes_per_token if drafter else 0),
-                              self.device)
+        tokens = pool_tokens(cfg.cache, probe.bytes_per_token + (drafter.kv_bytes_per_token if drafter else 0),
+                             self.device)
         num_pages = max(2, tokens // page + 1)  # +1: the reserved null page
         self.kv_shape = KVShape(self.arch.num_layers, num_pages, page, self.arch.num_kv_heads,
                                 self.arch.head_dim, kv_dtype)
@@ -124,9 +89,11 @@ class EngineCore:
         self.allocator = PageAllocator(num_pages)
         self.hicache = host_tier_for(cfg.cache, self.pool, self.allocator, self.device, self.model_dir / "config.json",
                                      lambda: weight_files(self.source.folder, self.source.gguf), str(self.dtype))
-        self.cache: PrefixCache = (NoPrefixCache(page) if cfg.cache.disable_radix_cache else
-                                   RadixCache(page, self.allocator.free, cfg.cache.radix_eviction_policy,
-                                              self.hicache))
+        policy = cfg.cache.radix_eviction_policy
+        self.cache: PrefixCache = (
+            NoPrefixCache(page) if cfg.cache.disable_radix_cache else
+            RadixCache(page, self.allocator.free, policy) if self.hicache is None else
+            HiRadixCache(page, self.allocator.free, policy, self.hicache))
         self.context_length = min(mc.context_length or self.arch.max_position_embeddings,
                                   self.allocator.capacity * page)
         eos = tuple(dict.fromkeys(self.arch.eos_token_ids + self.tokenizer.eos_token_ids))
@@ -261,38 +228,6 @@ class EngineCore:
                 if self.spec is not None:
                     self.spec.release(out.req)
 
-    def token_output(self, req: Request, lps: list[TokenLogprob] | None = None, jumped: int = 0,
-                     new: int = 1) -> StepOutput:
-        """The output for a request's ``new`` newest sampled tokens (more than one: a verified draft) and the
-        ``jumped`` tokens a grammar forced after them: timing, logprobs, incremental text, stop strings. A stop
-        string inside a verified draft ends the request at the token that completes it, as decoding one token
-        at a time would."""
-        tokens = req.output_ids[len(req.output_ids) - new - jumped:]
-        lps = lps or []
-        now = time.monotonic()
-        if req.first_token_time is None:
-            req.first_token_time = now
-        req.last_token_time = now
-        text, stop = "", None
-        if req.detok is not None:
-            pieces = [tokens] if new == 1 or not req.detok.stop else [[t] for t in tokens]
-            for used, piece in enumerate(pieces, 1):
-                part, stop = req.detok.add(piece)
-                text += part
-                if stop is not None:
-                    if used < len(pieces):  # the tokens after it never happened
-                        tokens, lps = tokens[:used], lps[:used]
-                        self.scheduler.finish(req, "stop", stop, drop=len(pieces) - used)
-                    break
-            if stop is not None and not req.finished:
-                self.scheduler.finish(req, "stop", stop)
-            elif req.finished and stop is None:
-                text += req.detok.flush()
-        req.output_logprobs.extend(lps)
-        out = StepOutput(req, tokens, text, list(lps), jumped=jumped)
-        out.finished = req.finished and not req.hold_kv  # a held request ends when its transfer does
-        return out
-
     def _run_batch(self, batch: ScheduledBatch) -> list[StepOutput]:
         """Forward, sample, verify drafts, update, detokenize. A forward failure fails the step (the caller aborts
         what ran); a failure that belongs to one request (its sampling, its detokenization or stop strings) fails
@@ -333,7 +268,7 @@ class EngineCore:
         for req, n in produced.items():
             try:
                 jumped = self._follow_grammar(req) if req.grammar is not None else 0
-                out = self.token_output(req, lps[req][:n], jumped, new=n)
+                out = token_output(self.scheduler, req, lps[req][:n], jumped, new=n)
                 if req in drafts:  # drafts kept among the tokens emitted (a stop may have cut the run)
                     out.drafted, out.accepted = drafts[req][0], min(drafts[req][1], len(out.new_token_ids) - jumped - 1)
                 outputs.append(out)
@@ -424,7 +359,7 @@ class EngineCore:
                 jumped = self._follow_grammar(req)
             except Exception as e:  # noqa: BLE001 - this request's grammar (or its peer's token), not the step's
                 return self.fail_request(req, "sampling", e)
-        return self.token_output(req, [lp] if lp is not None else None, jumped)
+        return token_output(self.scheduler, req, [lp] if lp is not None else None, jumped)
 
     def end(self, req: Request, reason: Abort) -> StepOutput:
         """End the request with an error (its pages stay held if they are); the output that says so."""

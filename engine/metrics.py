@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from engine.engine_core import EngineCore, StepOutput
+from engine.engine_core import EngineCore
 from engine.mem.hicache import HostTier
+from engine.step_output import StepOutput
 
 disable_created_metrics()
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,

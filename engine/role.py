@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.engine_core import EngineCore, StepOutput
+    from engine.engine_core import EngineCore
     from engine.request import Request
     from engine.scheduler import ScheduledBatch
+    from engine.step_output import StepOutput
 
 
 class EngineRole:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine.engine_core import EngineCore, StepOutput
+from engine.engine_core import EngineCore
 from engine.request import Abort, Request
 from engine.role import EngineRole
 from engine.sampling_params import InvalidRequestError
 from engine.sampler import pack_logprobs
 from engine.scheduler import ScheduledBatch
+from engine.step_output import StepOutput
 from kv_transfer import KVSender, KVTransferError, PrefillTransferManager, RoomState
 
 log = logging.getLogger("prefill_worker")

@@ -1,6 +1,6 @@
 """HiCache's host tier as the radix tree sees it: the L2 pool, the device pool it copies to and from, the
 device allocator load-back takes pages from, the write policy, and the counters /metrics reports. The tree
-decides what moves where (engine/mem/radix_cache.py); this object moves it and counts it. Load-backs copy on
+decides what moves where (engine/mem/hiradix_cache.py); this object moves it and counts it. Load-backs copy on
 one loader thread (``start_load``) and are counted when the tree takes their pages (``finish_load``): the
 loader touches only the load's own pages and the store, never the tree or the counters."""
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The radix prefix cache's records (engine/mem/radix_cache.py alone changes their fields): a node, one edge of
-whole pages and where their KV lives in each tier; and a load in flight, the lower-tier pages being copied
-into L1 pages that belong to it until the tree takes them."""
+"""The radix prefix cache's records (only the cache that holds them changes their fields: engine/mem/
+radix_cache.py, and hiradix_cache.py for its lower tiers): a node, one edge of whole pages and where their KV
+lives in each tier; and a load in flight, the lower-tier pages being copied into L1 pages that belong to it
+until the tree takes them."""
 from __future__ import annotations
 
 from concurrent.futures import Future

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.engine_core import StepOutput
 from engine.request import Request
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import sse_error, sse_guarded
@@ -16,6 +15,7 @@ from engine.server.openai_api import SSE_HEADERS
 from engine.server.protocol import GenerateRequest
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, compile_grammar,
                                    prompt_from_text, request_id, start_stream)
+from engine.step_output import StepOutput
 
 
 async def _prompts(ctx: ServingContext, body: GenerateRequest) -> tuple[list[list[int]], bool]:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from engine.async_engine import AsyncEngine
-from engine.engine_core import StepOutput
 from engine.metrics import EngineMetrics
 from engine.request import Abort, Request
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.server import text_pool
 from engine.server.errors import APIError
 from engine.server.protocol import RoutingFields
+from engine.step_output import StepOutput
 
 DISCONNECT_POLL_S = 0.5
 # Texts longer than this are tokenized (and chat templates rendered) on a worker thread, never on the event loop:

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from engine.async_engine import AsyncEngine
-from engine.engine_core import StepOutput
 from engine.sampling_params import SamplingParams
+from engine.step_output import StepOutput
 from tests.engine.conftest import make_core
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.engine_core import EngineCore, StepOutput
+from engine.engine_core import EngineCore
 from engine.role import EngineRole
 from engine.sampling_params import SamplingParams
+from engine.step_output import StepOutput
 from tests.engine.conftest import make_core
 
 

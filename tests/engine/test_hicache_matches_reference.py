@@ -27,7 +27,7 @@ from engine.mem.base import MatchResult
 from engine.mem.hicache import HostTier
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool, KVShape
-from engine.mem.radix_cache import RadixCache
+from engine.mem.hiradix_cache import HiRadixCache
 from engine.mem.storage import FileStore
 
 PAGE = 2
@@ -57,7 +57,7 @@ class HiCacheAgainstReference(RuleBasedStateMachine):
         store = FileStore(self.store_dir) if self.store_dir else None
         self.tier = HostTier(self.host, self.kv, self.device, self.policy, write_threshold=2, store=store,
                              namespace=b"reference", overlap=True)  # loads from L2 may run in the background
-        self.cache = RadixCache(PAGE, self.device.free, "lru", self.tier)
+        self.cache = HiRadixCache(PAGE, self.device.free, "lru", self.tier)
         self.inserted: set[tuple[str | None, tuple[int, ...]]] = set()
         self.locks: list[tuple[MatchResult, str | None, tuple[int, ...]]] = []
 
@@ -221,12 +221,12 @@ for _case in (TestWriteBackRoomy, TestWriteThroughRoomy, TestSelectiveRoomy, Tes
     _case.settings = _SETTINGS
 
 
-def _tree(policy: str) -> tuple[RadixCache, PageAllocator, HostPool]:
+def _tree(policy: str) -> tuple[HiRadixCache, PageAllocator, HostPool]:
     shape = KVShape(num_layers=1, num_pages=DEVICE_PAGES, page_size=PAGE, num_kv_heads=1, head_dim=2,
                     dtype=torch.float32)
     kv, device = KVPool(shape, torch.device("cpu")), PageAllocator(DEVICE_PAGES)
     host = HostPool(shape, 20, torch.device("cpu"))
-    return RadixCache(PAGE, device.free, "lru", HostTier(host, kv, device, policy, write_threshold=2)), device, host
+    return HiRadixCache(PAGE, device.free, "lru", HostTier(host, kv, device, policy, write_threshold=2)), device, host
 
 
 def test_each_write_policy_copies_to_the_host_tier_when_it_says() -> None:
@@ -247,11 +247,11 @@ def test_a_store_hit_loads_only_what_the_pool_has_room_for(tmp_path: Path) -> No
                     dtype=torch.float32)
     key = (1, 2, 3, 4, 5, 6, 7, 8)
 
-    def tree() -> tuple[RadixCache, PageAllocator, KVPool]:
+    def tree() -> tuple[HiRadixCache, PageAllocator, KVPool]:
         kv, device = KVPool(shape, torch.device("cpu")), PageAllocator(DEVICE_PAGES)
         tier = HostTier(HostPool(shape, 20, torch.device("cpu")), kv, device, "write_through",
                         store=FileStore(tmp_path), namespace=b"t")
-        return RadixCache(PAGE, device.free, "lru", tier), device, kv
+        return HiRadixCache(PAGE, device.free, "lru", tier), device, kv
 
     writer, device, kv = tree()
     pages = device.alloc(4)

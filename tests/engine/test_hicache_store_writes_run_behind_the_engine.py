@@ -15,7 +15,7 @@ from engine.mem.allocator import PageAllocator
 from engine.mem.hicache import HostTier
 from engine.mem.host_pool import HostPool
 from engine.mem.kv_pool import KVPool, KVShape
-from engine.mem.radix_cache import RadixCache
+from engine.mem.hiradix_cache import HiRadixCache
 from engine.mem.storage import FileStore, unseal
 from engine.mem.store_writer import StoreWriter
 
@@ -108,7 +108,7 @@ def test_a_failed_write_is_retried_once_when_the_prefix_is_inserted_again(tmp_pa
         store = FlakyStore(tmp_path / str(failures))
         store.fail = failures
         t = tier(store)
-        cache = RadixCache(2, t.device.free, "lru", t)
+        cache = HiRadixCache(2, t.device.free, "lru", t)
         keys = t._keys(None, key)
         for attempt in range(3):  # the first write fails; the next insert retries it; later ones do not
             cache.insert(key, t.device.alloc(2))
