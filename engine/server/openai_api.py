@@ -20,11 +20,11 @@ from engine.sampler import TokenLogprob
 from engine.sampling_params import InvalidRequestError
 from engine.server.errors import APIError, sse_error, sse_guarded
 from engine.server import tools as tools_mod
-from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest
-from engine.server.tools import ToolFormat
-from engine.engine_core import StepOutput
+from engine.server.protocol import MAX_N, ChatCompletionRequest, CompletionRequest, StreamOptions
 from engine.server.serving import (ServingContext, abort_error, build_requests, collect, compile_grammar,
                                    prompt_from_chat, prompt_from_text, request_id, start_stream, usage)
+from engine.server.tools import ToolFormat
+from engine.step_output import StepOutput
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,6 +32,22 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _ChunkUsage:
+    """vLLM's ``stream_options.continuous_usage_stats``: each chunk's ``usage`` is its choice's prompt and the
+    tokens streamed for it so far, counting the chunk's own (a ``{}`` to merge in when not asked for)."""
+
+    def __init__(self, reqs: list[Request], on: bool) -> None:
+        self.on = on
+        self.sent = {r.rid: 0 for r in reqs}
+
+    def __call__(self, req: Request, new: int = 0) -> dict:
+        if not self.on:
+            return {}
+        self.sent[req.rid] += new
+        prompt, done = len(req.prompt_ids), self.sent[req.rid]
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}}
 
 
 async def _completion_prompts(ctx: ServingContext, prompt: object) -> list[list[int]]:
@@ -102,7 +118,7 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
         echo = {r.rid: _Echo(body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None, score_only)
                 for r in reqs} if body.echo else {}
         outs = await start_stream(http, ctx, reqs)
-        events = _stream_completion(ctx, outs, reqs, index, base, body.include_usage, echo)
+        events = _stream_completion(ctx, outs, reqs, index, base, body.stream_options or StreamOptions(), echo)
         return StreamingResponse(sse_guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, candidates)
     if best_of > body.n:
@@ -167,11 +183,12 @@ def best_candidates(candidates: list[Request], best_of: int, n: int) -> list[Req
 
 
 async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
-                             index: dict[str, int], base: dict, include_usage: bool,
+                             index: dict[str, int], base: dict, opts: StreamOptions,
                              echo: dict[str, _Echo]) -> AsyncIterator[str]:
     """With ``echo``, a request's first chunk is its prompt (and the prompt's logprobs), sent as soon as the
     first token is known, since that is when the prompt's logprobs are."""
     offsets = {r.rid: 0 for r in reqs}
+    counted = _ChunkUsage(reqs, opts.continuous_usage_stats)
     echoed: set[str] = set()
     async for out in outs:
         err = abort_error(out.req)
@@ -184,7 +201,7 @@ async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput
             text, prompt = echo[rid].parts(ctx, out.req)
             offsets[rid] = len("".join(prompt["tokens"])) if prompt is not None else len(text)
             yield _sse({**base, "choices": [{"index": index[rid], "text": text, "logprobs": prompt,
-                                             "finish_reason": None}]})
+                                             "finish_reason": None}], **counted(out.req)})
         score_only = rid in echo and echo[rid].score_only
         if not out.new_token_ids and not out.new_text and not out.finished:
             continue
@@ -194,8 +211,8 @@ async def _stream_completion(ctx: ServingContext, outs: AsyncIterator[StepOutput
                   is not None else None,
                   "finish_reason": ("length" if score_only else _finish_reason(out.req)) if out.finished else None}
         offsets[rid] += len(text)
-        yield _sse({**base, "choices": [choice]})
-    if include_usage:
+        yield _sse({**base, "choices": [choice], **counted(out.req, 0 if score_only else len(out.new_token_ids))})
+    if opts.include_usage:
         counts = usage(reqs)
         if any(e.score_only for e in echo.values()):
             counts.update(completion_tokens=0, total_tokens=counts["prompt_tokens"])
@@ -236,8 +253,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
-        return StreamingResponse(sse_guarded(_stream_chat(ctx, outs, reqs, index, base, body.include_usage,
-                                                          calls)),
+        events = _stream_chat(ctx, outs, reqs, index, base, body.stream_options or StreamOptions(), calls)
+        return StreamingResponse(sse_guarded(events),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, reqs)
     choices = [{"index": index[r.rid], **_message(r, calls),
@@ -261,15 +278,16 @@ def _message(req: Request, calls: tuple[ToolFormat, set[str]] | None) -> dict:
 
 
 async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], reqs: list[Request],
-                       index: dict[str, int], base: dict, include_usage: bool,
+                       index: dict[str, int], base: dict, opts: StreamOptions,
                        calls: tuple[ToolFormat, set[str]] | None = None) -> AsyncIterator[str]:
     """With ``calls``, each choice's text goes through a CallStream: content streams as it comes, a tool call is
     sent whole (id, name and arguments in one delta) once its text is complete."""
     base = {**base, "object": "chat.completion.chunk"}
     streams = {r.rid: tools_mod.CallStream(*calls) for r in reqs} if calls is not None else {}
+    counted = _ChunkUsage(reqs, opts.continuous_usage_stats)
     for r in reqs:
         yield _sse({**base, "choices": [{"index": index[r.rid], "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]})
+                                         "logprobs": None, "finish_reason": None}], **counted(r)})
     async for out in outs:
         err = abort_error(out.req)
         if err is not None:
@@ -292,7 +310,7 @@ async def _stream_chat(ctx: ServingContext, outs: AsyncIterator[StepOutput], req
                   "logprobs": _chat_logprobs(ctx, out.logprobs) if out.req.sampling.logprobs is not None
                   else None,
                   "finish_reason": reason}
-        yield _sse({**base, "choices": [choice]})
-    if include_usage:
+        yield _sse({**base, "choices": [choice], **counted(out.req, len(out.new_token_ids))})
+    if opts.include_usage:
         yield _sse({**base, "choices": [], "usage": usage(reqs)})
     yield "data: [DONE]\n\n"

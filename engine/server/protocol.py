@@ -120,7 +120,9 @@ def grammar_spec(response_format: dict[str, Any] | None, regex: str | None, ebnf
 
 
 class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False  # OpenAI's: a last chunk with the request's usage
+    continuous_usage_stats: StrictBool = False  # vLLM's: every chunk carries its choice's usage so far
 
 
 class RoutingFields(Body):
@@ -199,6 +201,8 @@ class OpenAISampling(RoutingFields):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         self.refuse_unsupported()
+        if self.stream_options is not None and not self.stream:  # as OpenAI and vLLM answer it
+            raise InvalidRequestError("stream_options is only allowed with stream=true", param="stream_options")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -212,6 +216,10 @@ class OpenAISampling(RoutingFields):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(OpenAISampling):

@@ -68,6 +68,36 @@ def test_stream_options_include_usage(client, model) -> None:  # noqa: ANN001
     assert none is None
 
 
+def test_stream_options_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(client, model) -> None:  # noqa: ANN001
+    """vLLM's extension (aiperf's --per-chunk-usage sends it): a chunk's usage is its choice's prompt and the
+    tokens streamed for that choice up to and with the chunk; the last chunk of a choice counts all of them."""
+    prompt = chat(client, model)[2].prompt_tokens
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    _, _, total, chunks = chat(client, model, True, n=2, stream_options=opts)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for ch in chunks[:-1]:
+        (c,) = ch.choices
+        assert ch.usage.prompt_tokens == prompt and ch.usage.total_tokens == prompt + ch.usage.completion_tokens
+        seen[c.index].append(ch.usage.completion_tokens)
+    for counts in seen.values():  # the role chunk (0), then at least one more token a chunk, up to max_tokens
+        assert counts[0] == 0 and counts[-1] == 24 and all(b > a for a, b in zip(counts[1:], counts[2:]))
+    assert chunks[-1].choices == [] and total.completion_tokens == 48 and total.prompt_tokens == prompt
+    base = dict(model=model, prompt="The sea is", max_tokens=8, temperature=0)
+    legacy = [c for c in client.completions.create(**base, stream=True, stream_options=opts)]
+    counts = [c.usage.completion_tokens for c in legacy if c.choices]
+    assert counts[-1] == 8 == legacy[-1].usage.completion_tokens and counts == sorted(counts) and counts[0] >= 1
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # not streamed: OpenAI and vLLM refuse it
+    ({"stream": True, "stream_options": {"include_usage": True, "per_chunk": True}}, "stream_options.per_chunk"),
+])
+def test_stream_options_that_cannot_be_honoured_are_refused_by_name(client, model, body, param) -> None:  # noqa: ANN001
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, **body)
+    assert e.value.body["param"] == param, e.value.body
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_ends_the_text_before_the_stop_string(client, model, stream) -> None:  # noqa: ANN001
     full = chat(client, model, False, max_tokens=40)[0][0]
