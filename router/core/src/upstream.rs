@@ -18,7 +18,12 @@
 //! client went away, an error) closes it, which is how a worker learns that its request was
 //! abandoned. Idle connections are not polled: one the worker closed meanwhile is found at
 //! checkout (one poll reads its EOF) or dropped by `prune` (run with the policy maintenance,
-//! every --eviction-interval-secs) once idle for longer than the idle timeout.
+//! every --eviction-interval-secs) once idle for longer than the idle timeout. A close that
+//! lands between checkout and the request's write ends the connection without writing it
+//! (uvicorn closes keep-alive connections idle for 5 s, the health probe's period): the
+//! finished connection is dropped at once, which hands the request back, and it goes out on a
+//! new connection. (Kept instead, the connection held it unsent for ever: a PD request's
+//! prefill half then waited until the decode side's 10 s bootstrap deadline failed the room.)
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -76,22 +81,30 @@ pub struct Pool(Arc<Inner>);
 struct Lease {
     key: Arc<str>,
     tx: http1::SendRequest<ReqBody>,
-    conn: Conn,
-    /// The connection future finished (closed or failed); it must not be polled again.
-    closed: bool,
+    /// None once the connection future finished (closed or failed). It is dropped then, not
+    /// kept: a request queued on it but never written is handed back (as hyper's `TrySendError`
+    /// message) only when the connection is dropped, so a finished connection kept here left
+    /// that request waiting for ever (a worker closing an idle connection just after checkout).
+    conn: Option<Conn>,
 }
 
 impl Lease {
     /// Lets the connection do whatever I/O is possible now (write the request, read and decode
     /// the response); registers this task for more.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.closed && Pin::new(&mut self.conn).poll(cx).is_ready() {
-            self.closed = true;
+        if let Some(conn) = self.conn.as_mut() {
+            if Pin::new(conn).poll(cx).is_ready() {
+                self.conn = None;
+            }
         }
     }
 
+    fn closed(&self) -> bool {
+        self.conn.is_none()
+    }
+
     fn reusable(&self) -> bool {
-        !self.closed && self.tx.is_ready()
+        !self.closed() && self.tx.is_ready()
     }
 }
 
@@ -146,7 +159,7 @@ impl Pool {
         let ka = socket2::TcpKeepalive::new().with_time(cfg.tcp_keepalive);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka);
         let (tx, conn) = http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(|e| UpstreamError::Handshake(error_chain(&e)))?;
-        Ok(Lease { key: Arc::from(key), tx, conn, closed: false })
+        Ok(Lease { key: Arc::from(key), tx, conn: Some(conn) })
     }
 
     /// A live pooled connection to `key` (most recently used first), or a new one. The bool
@@ -175,23 +188,39 @@ impl Pool {
     pub async fn request(&self, key: &str, req: Request<ReqBody>) -> Result<Response<UpBody>, UpstreamError> {
         let mut req = req;
         loop {
-            let (mut lease, pooled) = self.checkout(key).await?;
-            let fut = lease.tx.try_send_request(req);
-            let mut fut = std::pin::pin!(fut);
-            let res = poll_fn(|cx| {
-                lease.drive(cx);
-                fut.as_mut().poll(cx)
-            })
-            .await;
-            match res {
-                Ok(resp) => return Ok(resp.map(|inner| UpBody { inner, lease: Some(lease), pool: self.clone() })),
-                Err(mut e) => match e.take_message() {
-                    Some(r) if pooled => req = r,
-                    _ => return Err(UpstreamError::Exchange(error_chain(e.error()))),
-                },
+            let (lease, pooled) = self.checkout(key).await?;
+            match self.send(lease, req).await {
+                Ok(resp) => return Ok(resp),
+                Err(Unsent::Back(r, _)) if pooled => req = r,
+                Err(Unsent::Back(_, why) | Unsent::Failed(why)) => return Err(UpstreamError::Exchange(why)),
             }
         }
     }
+
+    /// Sends `req` on `lease` and waits for the response head, driving the connection meanwhile.
+    async fn send(&self, mut lease: Lease, req: Request<ReqBody>) -> Result<Response<UpBody>, Unsent> {
+        let fut = lease.tx.try_send_request(req);
+        let mut fut = std::pin::pin!(fut);
+        let res = poll_fn(|cx| {
+            lease.drive(cx);
+            fut.as_mut().poll(cx)
+        })
+        .await;
+        match res {
+            Ok(resp) => Ok(resp.map(|inner| UpBody { inner, lease: Some(lease), pool: self.clone() })),
+            Err(mut e) => Err(match e.take_message() {
+                Some(r) => Unsent::Back(r, error_chain(e.error())),
+                None => Unsent::Failed(error_chain(e.error())),
+            }),
+        }
+    }
+}
+
+/// Why `send` got no response head: the connection closed before writing the request (which
+/// comes back, to be sent on another), or the exchange failed after it.
+enum Unsent {
+    Back(Request<ReqBody>, String),
+    Failed(String),
 }
 
 /// Why a request got no response head from a worker.
@@ -284,7 +313,7 @@ impl Body for UpBody {
                 Poll::Pending => {}
             }
             match this.lease.as_mut() {
-                Some(l) if pass == 0 && !l.closed => l.drive(cx),
+                Some(l) if pass == 0 && !l.closed() => l.drive(cx),
                 _ => break,
             }
         }
@@ -424,6 +453,36 @@ mod tests {
             let resp = pool.request(&addr, get(&addr)).await.unwrap();
             assert_eq!(&resp.into_body().collect().await.unwrap().to_bytes()[..], b"ok");
             tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_closed_before_it_was_written_comes_back() {
+        // The race behind a PD request that waited 10 s for nothing: a worker closes an idle
+        // keep-alive connection (uvicorn does after 5 s) after checkout found it alive and before
+        // the request is written. The connection then ends cleanly without writing it; the
+        // request must come back to be sent on another connection, not wait on this one.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let svc = service_fn(|_req: Request<Incoming>| async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok")))) });
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc);
+            tokio::pin!(conn);
+            let _ = tokio::time::timeout(Duration::from_millis(50), conn.as_mut()).await; // then closes it
+        });
+        let pool = Pool::new(PoolConfig::default());
+        let resp = pool.request(&addr, get(&addr)).await.unwrap();
+        assert_eq!(&resp.into_body().collect().await.unwrap().to_bytes()[..], b"ok");
+        tokio::time::sleep(Duration::from_millis(150)).await; // the close has arrived, unread
+        let Idle { lease, .. } = pool.pop(&addr).expect("the connection went back to the pool");
+        let sent = tokio::time::timeout(Duration::from_secs(5), pool.send(lease, get(&addr)))
+            .await
+            .expect("the request waited on a connection that had ended");
+        match sent {
+            Err(Unsent::Back(req, _)) => assert_eq!(req.uri(), "/x"),
+            Err(Unsent::Failed(why)) => panic!("the request was not handed back: {why}"),
+            Ok(_) => panic!("a closed connection answered"),
         }
     }
 
