@@ -29,9 +29,10 @@ ENV = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
 @pytest.fixture(scope="module")
 def tools() -> dict[str, Path]:
     """The CLIs, installed first if they are not (minutes, once per machine)."""
-    out = subprocess.run([str(REPO / "scripts" / "install-load-tools.sh")], capture_output=True, text=True,
-                         timeout=540, check=True).stdout.split()
-    return {Path(p).name: Path(p) for p in out}
+    done = subprocess.run([str(REPO / "scripts" / "install-load-tools.sh")], capture_output=True, text=True,
+                          timeout=540)
+    assert done.returncode == 0, f"scripts/install-load-tools.sh failed:\n{done.stderr[-4000:]}"
+    return {Path(p).name: Path(p) for p in done.stdout.split()}
 
 
 @pytest.fixture(scope="module")
