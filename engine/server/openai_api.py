@@ -118,7 +118,7 @@ async def create_completion(body: CompletionRequest, http: HTTPRequest, ctx: Ser
         echo = {r.rid: _Echo(body.prompt, prompts.index(r.prompt_ids), body.logprobs is not None, score_only)
                 for r in reqs} if body.echo else {}
         outs = await start_stream(http, ctx, reqs)
-        events = _stream_completion(ctx, outs, reqs, index, base, body.stream_options or StreamOptions(), echo)
+        events = _stream_completion(ctx, outs, reqs, index, base, body.stream_opts, echo)
         return StreamingResponse(sse_guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, candidates)
     if best_of > body.n:
@@ -253,7 +253,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HTTPRequest,
     base = {"id": rid, "created": int(time.time()), "model": ctx.core.served_model_name}
     if body.stream:
         outs = await start_stream(http, ctx, reqs)
-        events = _stream_chat(ctx, outs, reqs, index, base, body.stream_options or StreamOptions(), calls)
+        events = _stream_chat(ctx, outs, reqs, index, base, body.stream_opts, calls)
         return StreamingResponse(sse_guarded(events),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     await collect(http, ctx, reqs)

@@ -214,12 +214,9 @@ class OpenAISampling(RoutingFields):
             grammar=grammar_spec(self.response_format, self.regex, self.ebnf, self.json_schema))
 
     @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    @property
-    def continuous_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+    def stream_opts(self) -> StreamOptions:
+        """``stream_options``, or its defaults when not given."""
+        return self.stream_options or StreamOptions()
 
 
 class CompletionRequest(OpenAISampling):
