@@ -122,6 +122,24 @@ static inline vk loadk(const float *p) {
 
 static inline void storek(float *p, vk v) { memcpy(p, &v, sizeof v); }
 
+/* c + a * b, one rounding where the target has FMA, as an operation the compiler does not reassociate: native.py
+ * builds with -fassociative-math, under which two `acc += x * w` in one loop body may become
+ * acc + (x0 * w0 + x1 * w1), a different sum (without FMA, an empty asm keeps each step's result apart). */
+#if defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+static inline vk fmak(vk c, vk a, vk b) {
+#if defined(__AVX512F__)
+    return (vk)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && defined(__AVX__)
+    return (vk)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    c += a * b;
+    __asm__("" : "+x"(c));
+    return c;
+#endif
+}
+
 /* VK bfloat16 values widened to float32 (a bfloat16 is the top half of a float32). With AVX2 and no AVX-512,
  * one VPMOVZXWD from memory: GCC tuned for Zen 1 split the generic form into two 128-bit halves and a VINSERTI128
  * (the few-rows GEMM over bfloat16 weights at 8-11 rows, 2 threads, Zen 1: 1.15x faster this way). */
@@ -129,6 +147,15 @@ static inline void storek(float *p, vk v) { memcpy(p, &v, sizeof v); }
 #include <immintrin.h>
 static inline vk loadk_bf16(const uint16_t *p) {
     return (vk)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+}
+
+/* Half h of 2 * VK bfloat16 values widened to float32 with one interleave of zeros (no shift): VPUNPCKLWD and
+ * VPUNPCKHWD work within 128-bit lanes, so half 0 holds elements 0-3 and 8-11, half 1 elements 4-7 and 12-15.
+ * Used where both operands come in that order (the few-rows GEMM widens its x rows into it). */
+#define BF16_HALVES 2
+static inline vk loadk_bf16_half(const uint16_t *p, const int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
+    return (vk)(h ? _mm256_unpackhi_epi16(z, v) : _mm256_unpacklo_epi16(z, v));
 }
 #else
 static inline vk loadk_bf16(const uint16_t *p) {
@@ -138,6 +165,9 @@ static inline vk loadk_bf16(const uint16_t *p) {
     memcpy(&h, p, sizeof h);
     return (vk)(__builtin_convertvector(h, u32k) << 16);
 }
+
+#define BF16_HALVES 1 /* loadk_bf16_half: elements in order, VK at a time */
+static inline vk loadk_bf16_half(const uint16_t *p, const int h) { return loadk_bf16(p + h * VK); }
 #endif
 
 /* each lane rounded to bfloat16 (to nearest even, as f32_to_bf16), kept as a float32 */

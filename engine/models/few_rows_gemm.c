@@ -24,8 +24,8 @@
  * (its 8 x loads per 8 FMAs bind the row-by-row loop): an engine's float32 decode step, tiles from 8 rows against
  * row-by-row up to 11 (bench_decode_ab --gemm-base, SmolLM2, 128-token contexts), batch 8 16.35 -> 14.74 ms,
  * 9 18.77 -> 13.37, 10 21.34 -> 14.54; batch 7 level either way. Every output is summed in the same order
- * whatever the row count (VK lanes along K, the same halving tree, the tail scalar), so a row's result does not
- * depend on its batch.
+ * whatever the row count (VK lanes along K, in two halves for bfloat16 weights on AVX2 (HALVES below), the same
+ * halving tree, the tail scalar), so a row's result does not depend on its batch.
  * Parallel over blocks of 16 weight rows with OpenMP. Returns 0, or -1 for shapes it does not take. */
 #include "vec16.h"
 
@@ -38,6 +38,8 @@
  * 3 weight rows x 4 x rows (12 accumulators, 3 weight vectors, one x vector). The v16 loops this replaced ran an
  * AVX2-only Zen 1 host's 64 rows 7.9x slower than MKL, 8 rows 1.5x. */
 #define ROWDOT_ROWS 7 /* up to this many x rows keep one accumulator each in registers; more go in tiles */
+/* with bfloat16 weights in halves, two accumulators per x row: 7 rows' 14 spilled (7 rows 0.56x the tiles' pace) */
+#define ROWDOT_ROWS_FOR(WB) (HALVES(WB) == 2 ? 6 : ROWDOT_ROWS)
 #ifdef __AVX512F__
 #define TILE_W 4      /* weight rows per tile */
 #define TILE_X 6      /* x rows per tile at most */
@@ -53,10 +55,21 @@
  * float32 decode step 126.5 -> 114.5 ms (bench_decode_ab --gemm-base). */
 #define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
 
-/* A weight element's value: float32 weights (WB 0) as they are, bfloat16 ones (WB 1) widened to float32 (exact).
- * WB is a constant after inlining, so each instantiation compiles to one weight type's loop. */
-static inline __attribute__((always_inline)) vk loadw(const void *w, int64_t i, const int WB) {
-    return WB ? loadk_bf16((const uint16_t *)w + i) : loadk((const float *)w + i);
+/* Bfloat16 weights on AVX2 without AVX-512 (vec16.h's BF16_HALVES 2) go through K 2 * VK elements a step, each
+ * step's weights widened in two halves by one interleave of zeros each (loadk_bf16_half: elements 0-3 and 8-11,
+ * then 4-7 and 12-15; the x rows are widened once per call into the same order), one accumulator per half, the two
+ * added lane by lane before the halving tree. Widening by a zero-extending load and a shift (two operations per 8
+ * weights instead of one per 8) bound the one-row loop at ~20 GB/s of bfloat16 weights from L3 as from memory;
+ * with the interleave, SmolLM2's 30 layers' weights and LM head at one x row, in huge pages, 2 threads, Zen 1,
+ * alternating in one C harness: 13.7 -> 11.2 ms (19.6 -> 24.0 GB/s; the host reads ~27). Elsewhere a step is VK
+ * elements and one half, in order. */
+#define HALVES(WB) ((WB) ? BF16_HALVES : 1)
+#define KSTEP(WB) (HALVES(WB) * VK)
+
+/* Half h of the weights at element i: float32 weights (WB 0) as they are, bfloat16 ones (WB 1) widened to float32
+ * (exact). WB is a constant after inlining, so each instantiation compiles to one weight type's loop. */
+static inline __attribute__((always_inline)) vk loadw(const void *w, int64_t i, const int h, const int WB) {
+    return WB ? loadk_bf16_half((const uint16_t *)w + i, h) : loadk((const float *)w + i);
 }
 static inline __attribute__((always_inline)) float w_at(const void *w, int64_t i, const int WB) {
     return WB ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
@@ -67,87 +80,105 @@ static inline __attribute__((always_inline)) void put_y(void *y, int64_t i, floa
     else ((float *)y)[i] = v;
 }
 #define W_AT(w, i) ((const char *)(w) + (int64_t)(i) * (WB ? 2 : 4)) /* element i's address */
-#define LINE_ELEMS (WB ? 32 : 16) /* weight elements in a 64-byte line */
+#define LINE_ELEMS (WB ? 32 : 16) /* weight elements in a 64-byte line: a whole number of steps */
+
+/* An output's sum: its accumulators' halves added lane by lane, the halving tree, then the scalar tail of K (from
+ * kv on, x in its natural order) and the bias. */
+static inline __attribute__((always_inline)) void finish(vk a0, vk a1, const float *xr, const void *wr, int kv,
+                                                         int k_dim, const void *bias, void *y, int64_t at,
+                                                         const int WB) {
+    float s = hsumk(HALVES(WB) == 2 ? a0 + a1 : a0);
+    for (int k = kv; k < k_dim; k++) s += xr[k] * w_at(wr, k, WB);
+    put_y(y, at, s + (bias ? w_at(bias, 0, WB) : 0.0f), WB);
+}
 
 /* ROWS x rows (a constant after inlining) against WR (1 or 2) weight rows, read once, front to back (one stream
- * per thread, prefetched 8 KiB ahead: 4 and 16 KiB measured slower), the WR x ROWS accumulators in registers (x rows
- * from L1/L2). At these row counts the weight reads bound the time, unless the chains of dependent FMAs do:
- * bfloat16 weights at up to PAIRED_ROWS x rows take their weight rows in pairs (each output's sum is unchanged). */
+ * per thread, prefetched 8 KiB ahead: 4 and 16 KiB measured slower), the accumulators in registers (x rows from
+ * L1/L2), a weight line a loop iteration (no branch for the prefetch). At these row counts the weight reads bound
+ * the time, unless the chains of dependent FMAs do. */
 static inline __attribute__((always_inline)) void row_dot(const float *x, int k_dim, const int rows, const void *w,
                                                           const int WR, const void *bias, void *y, int n_total,
                                                           const int WB) {
-    vk acc[2][ROWDOT_ROWS];
-    for (int r = 0; r < WR; r++)
-        for (int i = 0; i < rows; i++) acc[r][i] = (vk){0};
-    const int kv = k_dim - k_dim % VK;
-    for (int k = 0; k < kv; k += VK) {
-        vk wv[2];
-        for (int r = 0; r < WR; r++) wv[r] = loadw(w, (int64_t)r * k_dim + k, WB);
-        if (k % LINE_ELEMS == 0) /* past the row: the next rows */
-            for (int r = 0; r < WR; r++) __builtin_prefetch(W_AT(w, (int64_t)r * k_dim + k) + PREFETCH_BYTES, 0, 0);
-        for (int i = 0; i < rows; i++) {
-            const vk xv = loadk(x + (int64_t)i * k_dim + k);
-            for (int r = 0; r < WR; r++) acc[r][i] += xv * wv[r];
-        }
+    vk acc[2][2][ROWDOT_ROWS]; /* [half][weight row][x row] */
+    for (int h = 0; h < HALVES(WB); h++)
+        for (int r = 0; r < WR; r++)
+            for (int i = 0; i < rows; i++) acc[h][r][i] = (vk){0};
+    const int kv = k_dim - k_dim % KSTEP(WB);
+#define ROW_STEP(K) \
+    for (int h = 0; h < HALVES(WB); h++) { \
+        vk wv[2]; \
+        for (int r = 0; r < WR; r++) wv[r] = loadw(w, (int64_t)r * k_dim + (K), h, WB); \
+        for (int i = 0; i < rows; i++) { \
+            const vk xv = loadk(x + (int64_t)i * k_dim + (K) + h * VK); \
+            for (int r = 0; r < WR; r++) acc[h][r][i] = fmak(acc[h][r][i], xv, wv[r]); /* a line's steps */ \
+        } /* are not reassociated */ \
     }
+    int k = 0;
+    for (; k + LINE_ELEMS <= kv; k += LINE_ELEMS) {
+        for (int r = 0; r < WR; r++) /* past the row: the next rows */
+            __builtin_prefetch(W_AT(w, (int64_t)r * k_dim + k) + PREFETCH_BYTES, 0, 0);
+        for (int j = 0; j < LINE_ELEMS / KSTEP(WB); j++) ROW_STEP(k + j * KSTEP(WB))
+    }
+    for (; k < kv; k += KSTEP(WB)) ROW_STEP(k)
+#undef ROW_STEP
     for (int r = 0; r < WR; r++)
-        for (int i = 0; i < rows; i++) {
-            float s = hsumk(acc[r][i]);
-            const float *xr = x + (int64_t)i * k_dim;
-            for (int k = kv; k < k_dim; k++) s += xr[k] * w_at(w, (int64_t)r * k_dim + k, WB);
-            put_y(y, (int64_t)i * n_total + r, s + (bias ? w_at(bias, r, WB) : 0.0f), WB);
-        }
+        for (int i = 0; i < rows; i++)
+            finish(acc[0][r][i], acc[HALVES(WB) - 1][r][i], x + (int64_t)i * k_dim, W_AT(w, (int64_t)r * k_dim), kv,
+                   k_dim, bias ? W_AT(bias, r) : 0, y, (int64_t)i * n_total + r, WB);
 }
 
-/* bfloat16 weights take their rows in pairs up to this many x rows: widening a weight vector costs more than
- * loading a float32 one, and one or two chains of dependent FMAs per weight row then bound the loop (Zen 1, 2
- * threads, the weights of the comment at splitserve_few_rows_gemm_bf16, alternating: 1 row 8.46 -> 6.70 ms, 2
- * rows 9.02 -> 7.74, 3 rows 9.36 -> 8.65, 4 rows 10.25 -> 9.82, 5 rows level) */
+/* bfloat16 weights in one half (in order: AVX-512 without AVX-512 BF16) take their rows in pairs up to this many x
+ * rows: widening a weight vector costs more than loading a float32 one, and one or two chains of dependent FMAs
+ * per weight row then bound the loop (Zen 1, 2 threads, the weights of the comment at
+ * splitserve_few_rows_gemm_bf16, alternating: 1 row 8.46 -> 6.70 ms, 2 rows 9.02 -> 7.74, 3 rows 9.36 -> 8.65, 4
+ * rows 10.25 -> 9.82, 5 rows level). In two halves each output has two chains already, and a pair's two streams
+ * measured slower (2 rows 0.85x): one weight row at a time. */
 #define PAIRED_ROWS 4
 #define ROWS_CASE(R) \
     case R: { \
         int r = 0; \
-        if (WB && R <= PAIRED_ROWS) \
+        if (WB && HALVES(WB) == 1 && R <= PAIRED_ROWS) \
             for (; r + 2 <= nb; r += 2) \
-                row_dot(x, k, R, W_AT(wb, (int64_t)r * k), 2, bb ? W_AT(bb, r) : 0, (char *)yb + r * (WB ? 2 : 4), \
-                        n, WB); \
+                row_dot(x, k, R, W_AT(wb, (int64_t)r * k), 2, bb ? W_AT(bb, r) : 0, (char *)yb + r * (WB ? 2 : 4), n, \
+                        WB); \
         for (; r < nb; r++) \
-            row_dot(x, k, R, W_AT(wb, (int64_t)r * k), 1, bb ? W_AT(bb, r) : 0, (char *)yb + r * (WB ? 2 : 4), n, \
-                    WB); \
+            row_dot(x, k, R, W_AT(wb, (int64_t)r * k), 1, bb ? W_AT(bb, r) : 0, (char *)yb + r * (WB ? 2 : 4), n, WB); \
         break; \
     }
 
 /* XR x rows against WR weight rows (constants after inlining): WR x XR accumulators in registers, so each
- * VK-float step loads WR + XR vectors for WR * XR FMAs. Every output is summed as row_dot sums it (VK lanes
- * along K, the same halving tree, the tail scalar), so a row's result does not depend on the tile. */
+ * VK-float step loads WR + XR vectors for WR * XR FMAs, a pass over K per half (the second pass's weights from
+ * L1). Every output is summed as row_dot sums it, so a row's result does not depend on the tile. */
 static inline __attribute__((always_inline)) void tile_dot(const float *x, int k_dim, const int XR, const void *w,
                                                            const int WR, const void *bias, void *y, int n_total,
                                                            const void *pf, int pf_rows, const int WB) {
-    vk acc[TILE_W][TILE_X];
-    for (int r = 0; r < WR; r++)
-        for (int i = 0; i < XR; i++) acc[r][i] = (vk){0};
-    const int kv = k_dim - k_dim % VK;
-    for (int k = 0; k < kv; k += VK) {
-        vk wv[TILE_W];
-        for (int r = 0; r < WR; r++) wv[r] = loadw(w, (int64_t)r * k_dim + k, WB);
-        if (k % LINE_ELEMS == 0) { /* a line a row: pf_rows <= 2 (block() spreads TILE_W rows over >= 2 tiles) */
-            if (pf_rows > 0) __builtin_prefetch(W_AT(pf, k), 0, 3);
-            if (pf_rows > 1) __builtin_prefetch(W_AT(pf, (int64_t)k_dim + k), 0, 3);
+    vk acc[TILE_W][TILE_X], first[TILE_W][TILE_X]; /* first: half 0's sums while half 1's pass runs */
+    const int kv = k_dim - k_dim % KSTEP(WB);
+    for (int h = 0; h < HALVES(WB); h++) {
+        for (int r = 0; r < WR; r++)
+            for (int i = 0; i < XR; i++) acc[r][i] = (vk){0};
+        for (int k = 0; k < kv; k += KSTEP(WB)) {
+            vk wv[TILE_W];
+            for (int r = 0; r < WR; r++) wv[r] = loadw(w, (int64_t)r * k_dim + k, h, WB);
+            if (h == 0 && k % LINE_ELEMS == 0) { /* a line a row: pf_rows <= 2 (block() spreads TILE_W rows */
+                if (pf_rows > 0) __builtin_prefetch(W_AT(pf, k), 0, 3); /* over >= 2 tiles) */
+                if (pf_rows > 1) __builtin_prefetch(W_AT(pf, (int64_t)k_dim + k), 0, 3);
+            }
+            for (int i = 0; i < XR; i++) {
+                vk xv = loadk(x + (int64_t)i * k_dim + k + h * VK);
+                KEEP_IN_REGISTER(xv);
+                for (int r = 0; r < WR; r++) acc[r][i] += xv * wv[r];
+            }
         }
-        for (int i = 0; i < XR; i++) {
-            vk xv = loadk(x + (int64_t)i * k_dim + k);
-            KEEP_IN_REGISTER(xv);
-            for (int r = 0; r < WR; r++) acc[r][i] += xv * wv[r];
-        }
+        if (HALVES(WB) == 2 && h == 0)
+            for (int r = 0; r < WR; r++)
+                for (int i = 0; i < XR; i++) first[r][i] = acc[r][i];
     }
     for (int r = 0; r < WR; r++)
-        for (int i = 0; i < XR; i++) {
-            float s = hsumk(acc[r][i]);
-            const float *xr = x + (int64_t)i * k_dim;
-            const int64_t wr = (int64_t)r * k_dim;
-            for (int k = kv; k < k_dim; k++) s += xr[k] * w_at(w, wr + k, WB);
-            put_y(y, (int64_t)i * n_total + r, s + (bias ? w_at(bias, r, WB) : 0.0f), WB);
-        }
+        for (int i = 0; i < XR; i++)
+            finish(HALVES(WB) == 2 ? first[r][i] : acc[r][i], acc[r][i], x + (int64_t)i * k_dim,
+                   W_AT(w, (int64_t)r * k_dim), kv, k_dim, bias ? W_AT(bias, r) : 0, y, (int64_t)i * n_total + r,
+                   WB);
 }
 
 #define TILE_CASE(XR) \
@@ -205,7 +236,8 @@ static inline __attribute__((always_inline)) void block(const float *x, const vo
                                                         int m, int n, int k, int n0, int nb, const int WB) {
     const void *wb = W_AT(w, (int64_t)n0 * k), *bb = bias ? W_AT(bias, n0) : 0;
     void *yb = (char *)y + (int64_t)n0 * (WB ? 2 : 4);
-    if (m > ROWDOT_ROWS) { /* TILE_W weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
+    if (m > ROWDOT_ROWS_FOR(WB)) { /* TILE_W weight rows at a time from memory, then from L1 for every tile */
+        /* of x rows (in L2) */
         const int tiles = (m + TILE_X - 1) / TILE_X;
         for (int r = 0; r < nb;) {
             const int wr = nb - r >= TILE_W ? TILE_W : 1;
@@ -256,7 +288,8 @@ int splitserve_few_rows_gemm(const float *x, const float *w, const float *bias, 
  * oneDNN's bfloat16 GEMM computes them). Elsewhere oneDNN has no bfloat16 GEMM worth the name (an AVX2-only Zen 1
  * host, 2 threads: F.linear took 15 ms for one row of 40 3,072 x 576 weights and 151 ms for 11, MKL's float32
  * 30 and 87), so the float32 path above takes every row count: the x rows widened to float32 once per call, each
- * weight vector as it is loaded (exact, so the sums are those of float32 products, in the float32 path's order).
+ * weight vector as it is loaded (exact, so the sums are those of float32 products; on AVX2 in two halves, HALVES
+ * above, elsewhere in the float32 path's order).
  * Against the bfloat16 row-by-row loop this replaced (each x row widened at every step of every weight row), on
  * 20 3,072 x 576 and 20 576 x 1,536 weights, alternating in one process, bit for bit the same: 1 row 10.7 -> 7.2
  * ms, 2 rows 15.3 -> 7.8, 4 rows 25.3 -> 9.8, 11 rows 60.8 -> 25.9; 64 rows 137 ms (F.linear ~4.7x that). In the
@@ -320,12 +353,16 @@ int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS_BF16; }
 int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int m,
                                   int n, int k, int threads) {
     if (m < 1 || m > MAX_ROWS || n < 1 || k < 1) return -1;
-    const int64_t count = (int64_t)m * k;
-    float *xf = malloc((size_t)(count + VK) * sizeof *xf);
+    float *xf = malloc(((size_t)m * k + VK) * sizeof *xf);
     if (!xf) return -1;
-    int64_t i = 0;
-    for (; i + VK <= count; i += VK) storek(xf + i, loadk_bf16(x + i));
-    for (; i < count; i++) xf[i] = bf16_to_f32(x[i]);
+    const int kv = k - k % KSTEP(1);
+    for (int i = 0; i < m; i++) { /* each x row widened in the weights' order of halves (KSTEP's comment) */
+        const uint16_t *xr = x + (int64_t)i * k;
+        float *fr = xf + (int64_t)i * k;
+        for (int c = 0; c < kv; c += KSTEP(1))
+            for (int h = 0; h < HALVES(1); h++) storek(fr + c + h * VK, loadk_bf16_half(xr + c, h));
+        for (int c = kv; c < k; c++) fr[c] = bf16_to_f32(xr[c]);
+    }
     const int blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int b = 0; b < blocks; b++) {
