@@ -105,10 +105,15 @@ def read_gbps(mib: int = 512, seconds: float = 1.0) -> float:
     """This machine's read bandwidth, the best pass of the faster of two readers over ``mib`` MiB, far more than
     the caches hold: a sum (torch's threads) over one buffer, and the engine's few-rows GEMM (one row, its
     weight stream prefetched) over distinct 4,096 x 1,024 float32 matrices, as a batch-1 decode step reads the
-    weights. On a Zen 5 host (2 cores) the sum read ~48 GB/s and the GEMM ~80."""
+    weights. On a Zen 5 host (2 cores) the sum read ~48 GB/s and the GEMM ~80. The buffer is in transparent huge
+    pages where the kernel allows them, as the engine's weights are (engine/mem/huge_pages.py): the floor is the
+    best read this machine does, not the best read in 4 KiB pages."""
+    from engine.mem.huge_pages import advise
     from engine.models.cpu_gemm import few_rows_gemm, few_rows_kernel
 
-    src = torch.ones(mib * 1024 * 1024 // 4)
+    src = torch.empty(mib * 1024 * 1024 // 4)
+    advise(src)  # before the first touch
+    src.fill_(1.0)
     readers: list[tuple[Callable[[], Any], int]] = [(src.sum, src.numel() * 4)]
     lib = few_rows_kernel()
     if lib is not None:

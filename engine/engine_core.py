@@ -66,7 +66,8 @@ class EngineCore:
         if mc.num_threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(mc.num_threads)
         self.model, self.arch, self.dtype = load_model(self.model_dir, mc.dtype, self.device,
-                                                            prepack=mc.weight_prepack, gguf=self.source.gguf)
+                                                            prepack=mc.weight_prepack, gguf=self.source.gguf,
+                                                            huge_pages=mc.huge_pages != "off")
         self.tokenizer = Tokenizer(self.model_dir)
         self.served_model_names: tuple[str, ...] = tuple(mc.served_model_name or (self.source.name,))
         self.served_model_name = self.served_model_names[0]

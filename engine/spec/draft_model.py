@@ -223,7 +223,7 @@ def load_draft_model(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Tok
     dtype = str(target_dtype).replace("torch.", "") if cfg.speculative_draft_dtype == "auto" else \
         cfg.speculative_draft_dtype
     model, arch, torch_dtype = load_model(source.folder, dtype, device, prepack=target.weight_prepack,
-                                          gguf=source.gguf)
+                                          gguf=source.gguf, huge_pages=target.huge_pages != "off")
     if arch.vocab_size < vocab_size:
         raise EngineConfigError(f"--speculative-draft-model-path {path}: its embedding has {arch.vocab_size} rows, "
                                 f"fewer than the target's {vocab_size} token ids; the draft could not read every "
