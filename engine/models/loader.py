@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
 from engine.mem.huge_pages import move_weights_to_huge_pages
+from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
 from engine.models.cpu_gemm import can_prepack
 from engine.models.linear import prepack_linears, should_prepack, use_few_rows_kernel
 from engine.models.llama import CausalLM
