@@ -75,6 +75,13 @@ class DecodeRole(EngineRole):
                 failed.append(core.end(req, Abort(409, f"room {ticket.id}: {e}")))
                 self._quarantine(req, delay=0.0)  # nothing was opened, nothing can be written
                 continue
+            except Exception as e:  # a defect, not the peer: it fails this request alone, not the step
+                log.exception("opening a room failed request_id=%s room=%d worker=%s", req.rid, ticket.id,
+                              self.worker)
+                self.free_slots.append(slot)
+                failed.append(core.end(req, Abort(500, f"room {ticket.id}: internal error opening the room: {e}")))
+                self._quarantine(req, self.cfg.kv_quarantine)  # it may have been opened: no late write lands
+                continue
             self.rooms[req.rid] = Incoming(req, receiver, slot)
             log.debug("room opened request_id=%s room=%d worker=%s held=%d pages=%d", req.rid, ticket.id,
                       self.worker, held, len(req.pages) - held // page)
