@@ -11,9 +11,9 @@ in huge pages, alternating in one process: bfloat16 1 row 15.9 -> 14.8 ms (1.08x
 
 One private anonymous mapping holds every weight of at least MIN_BYTES, each at a 64-byte boundary, the mapping
 advised MADV_HUGEPAGE; parameters are re-pointed at their copies (tied weights are one parameter, copied once;
-the loader then hands the originals' heap pages back, models/loader.py). Where THP is off (``never``), the platform has no MADV_HUGEPAGE, or the model is not on the CPU,
-nothing moves. The copies cost one pass over the weights at load (0.1-0.3 s for SmolLM2 in bfloat16, 0.7 s in
-float32, most of it faulting the huge pages in).
+the loader then hands the originals' heap pages back, models/loader.py). Where THP is off (``never``), the
+platform has no MADV_HUGEPAGE, or the model is not on the CPU, nothing moves. The copies cost one pass over the
+weights at load (0.1-0.3 s for SmolLM2 in bfloat16, 0.7 s in float32, most of it faulting the huge pages in).
 
 Not the KV pool: advised the same way, its null pages' first writes and its idle-time prefault took seconds
 longer (the kernel compacts memory to find huge pages on those faults: a server's start-up 5.8 -> 9.4 s) for a
@@ -51,7 +51,8 @@ def available() -> bool:
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library (for madvise, malloc_trim), or None where there is none to load."""
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name, use_errno=True) if name else None
 
@@ -59,13 +60,12 @@ def _libc() -> ctypes.CDLL | None:
 def advise(tensor: torch.Tensor) -> bool:
     """Asks for huge pages over the whole 2 MiB pages inside ``tensor``'s memory (before it is first touched: pages
     already faulted in stay small until khugepaged merges them); whether the kernel took the advice."""
-    libc = _libc()
-    if tensor.device.type != "cpu" or not available() or libc is None:
+    c = libc()
+    if tensor.device.type != "cpu" or not available() or c is None:
         return False
     start = -(-tensor.data_ptr() // HUGE_PAGE) * HUGE_PAGE
     end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE * HUGE_PAGE
-    return end > start and libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
-                                        mmap.MADV_HUGEPAGE) == 0
+    return end > start and c.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_HUGEPAGE) == 0
 
 
 class WeightArena:

@@ -4,12 +4,13 @@ head_dim], all in one allocation [layers, 2, slots, kv_heads, head_dim]. Page p 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import time
 from dataclasses import dataclass
 
 import torch
+
+from engine.mem.huge_pages import libc
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable without changing their contents
 # Prefaulting goes in pieces sized to take about PREFAULT_PIECE_S each (what a request arriving meanwhile waits):
@@ -29,10 +30,10 @@ def prefault_piece_bytes(last_bytes: int, last_seconds: float, budget_s: float =
 
 @functools.cache
 def _madvise() -> ctypes._CFuncPtr | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+    c = libc()
+    if c is None:
         return None
-    fn = ctypes.CDLL(name, use_errno=True).madvise
+    fn = c.madvise
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     return fn
 

@@ -160,8 +160,9 @@ static inline __attribute__((always_inline)) void tile_dot(const float *x, int k
         for (int k = 0; k < kv; k += KSTEP(WB)) {
             vk wv[TILE_W];
             for (int r = 0; r < WR; r++) wv[r] = loadw(w, (int64_t)r * k_dim + k, h, WB);
-            if (h == 0 && k % LINE_ELEMS == 0) { /* a line a row: pf_rows <= 2 (block() spreads TILE_W rows */
-                if (pf_rows > 0) __builtin_prefetch(W_AT(pf, k), 0, 3); /* over >= 2 tiles) */
+            /* a line a row, in the first pass: pf_rows <= 2 (block() spreads TILE_W rows over >= 2 tiles) */
+            if (h == 0 && k % LINE_ELEMS == 0) {
+                if (pf_rows > 0) __builtin_prefetch(W_AT(pf, k), 0, 3);
                 if (pf_rows > 1) __builtin_prefetch(W_AT(pf, (int64_t)k_dim + k), 0, 3);
             }
             for (int i = 0; i < XR; i++) {
@@ -236,8 +237,8 @@ static inline __attribute__((always_inline)) void block(const float *x, const vo
                                                         int m, int n, int k, int n0, int nb, const int WB) {
     const void *wb = W_AT(w, (int64_t)n0 * k), *bb = bias ? W_AT(bias, n0) : 0;
     void *yb = (char *)y + (int64_t)n0 * (WB ? 2 : 4);
-    if (m > ROWDOT_ROWS_FOR(WB)) { /* TILE_W weight rows at a time from memory, then from L1 for every tile */
-        /* of x rows (in L2) */
+    /* TILE_W weight rows at a time from memory, then from L1 for every tile of x rows (in L2) */
+    if (m > ROWDOT_ROWS_FOR(WB)) {
         const int tiles = (m + TILE_X - 1) / TILE_X;
         for (int r = 0; r < nb;) {
             const int wr = nb - r >= TILE_W ? TILE_W : 1;

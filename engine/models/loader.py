@@ -2,8 +2,6 @@
 (models/gguf.py) whose converted config sits in ``model_dir`` (models/source.py)."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import logging
 import re
@@ -14,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.mem.huge_pages import move_weights_to_huge_pages
+from engine.mem.huge_pages import libc, move_weights_to_huge_pages
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
 from engine.models.cpu_gemm import can_prepack
 from engine.models.linear import prepack_linears, should_prepack, use_few_rows_kernel
@@ -87,10 +85,9 @@ def _return_freed_heap() -> None:
     that free() keeps: dequantized and cast temporaries, and the originals of weights moved into huge pages.
     SmolLM2 from its GGUF, in process after load: RSS 1,505 -> 812 MB in bfloat16, 1,384 -> 1,070 MB in float32,
     with or without huge pages."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    c = libc()
+    if c is not None and hasattr(c, "malloc_trim"):  # glibc's
+        c.malloc_trim(0)
 
 
 def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,

@@ -432,20 +432,24 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
+    /// Answers "ok" on one connection for 50 ms, then closes it without saying so in a header.
+    async fn serve_ok_then_close(s: tokio::net::TcpStream) {
+        let svc = service_fn(|_req: Request<Incoming>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        });
+        let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc);
+        tokio::pin!(conn);
+        let _ = tokio::time::timeout(Duration::from_millis(50), conn.as_mut()).await;
+    }
+
     #[tokio::test]
     async fn a_pooled_connection_the_worker_closed_is_replaced() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        // Serves one request per connection, then closes it without saying so in a header.
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let svc = service_fn(|_req: Request<Incoming>| async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok")))) });
-                    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc);
-                    tokio::pin!(conn);
-                    let _ = tokio::time::timeout(Duration::from_millis(50), conn.as_mut()).await;
-                });
+                tokio::spawn(serve_ok_then_close(s));
             }
         });
         let pool = Pool::new(PoolConfig::default());
@@ -466,10 +470,7 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (s, _) = listener.accept().await.unwrap();
-            let svc = service_fn(|_req: Request<Incoming>| async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok")))) });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc);
-            tokio::pin!(conn);
-            let _ = tokio::time::timeout(Duration::from_millis(50), conn.as_mut()).await; // then closes it
+            serve_ok_then_close(s).await;
         });
         let pool = Pool::new(PoolConfig::default());
         let resp = pool.request(&addr, get(&addr)).await.unwrap();
