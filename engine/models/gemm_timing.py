@@ -86,15 +86,18 @@ def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: 
 def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3, passes: int = 3,
                    baseline: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
                    counts: tuple[int, ...] = CALIBRATE_ROWS) -> frozenset[int]:
-    """The row counts in ``counts`` where the kernel beats ``baseline`` (``F.linear``; called with the input and
-    the weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here.
-    ``passes`` sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its
-    median over the passes, so a disturbance during one sweep (another worker loading its model on the same
-    cores) does not decide; then the one contiguous range of counts that saves the most time in all
-    (``best_range``, a sampled count weighted by the counts it stands for, and standing for all of them in the
-    result), so one noisy count cannot punch a hole in the range or add a stray one. A count where one side took
-    CLEAR times the other's time in the first sweep is not swept again: a gap that wide is no disturbance, and
-    timing it twice more was most of a first load's calibration where the baseline is slow (an AVX2-only Zen 1
+    """The row counts in ``counts`` where the kernel beats ``baseline`` (``F.linear``; called with the input and the
+    weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here. ``passes``
+    sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its median over the
+    passes, so a disturbance during one sweep (another worker loading its model on the same cores) does not decide;
+    then the counts from 1 up to the one where the time saved in all is the largest (``best_prefix``, a sampled
+    count weighted by the counts it stands for, and standing for all of them in the result), so one noisy count
+    cannot punch a hole in the range or add a stray one, and every count up to the kernel's last takes the kernel:
+    its result for a row does not depend on how many rows came with it, MKL's differs from it in the last bits, so a
+    hole at 1 row (MKL there, the kernel from 2) made a request's sampled tokens depend on its batch and on
+    speculation (a decode worker verifying 4 draft rows against a colocated server's 1-row steps). A count where one
+    side took CLEAR times the other's time in the first sweep is not swept again: a gap that wide is no disturbance,
+    and timing it twice more was most of a first load's calibration where the baseline is slow (an AVX2-only Zen 1
     host, the 150M model's bfloat16 weights against ``F.linear``: 6.5 s). About a second, once per host
     (``row_calibration``)."""
 
@@ -120,7 +123,7 @@ def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3,
                 saved[m].append(base_s - kernel_s)
                 if len(saved[m]) == 1 and max(base_s, kernel_s) >= CLEAR * min(base_s, kernel_s):
                     clear.add(m)
-    return best_range({m: statistics.median(v) for m, v in saved.items()})
+    return best_prefix({m: statistics.median(v) for m, v in saved.items()})
 
 
 def last_level_cache() -> int:
@@ -159,18 +162,15 @@ def _stands_for(counts: list[int]) -> dict[int, range]:
     return {m: range(prev + 1, m + 1) for prev, m in zip([0, *counts], counts)}
 
 
-def best_range(saved: dict[int, float]) -> frozenset[int]:
-    """The contiguous run of keys (in order) with the largest positive sum of ``saved`` (Kadane), or none; a key
-    counts for the row counts it stands for (``_stands_for``), and the result holds all of them."""
+def best_prefix(saved: dict[int, float]) -> frozenset[int]:
+    """The row counts from 1 up to the key (in order) where the sum of ``saved`` is the largest and positive, or
+    none; a key counts for the row counts it stands for (``_stands_for``), and the result holds all of them."""
     spans = _stands_for(sorted(saved))
-    best, best_sum, run, run_sum = frozenset(), 0.0, [], 0.0
+    best, best_sum, total = frozenset(), 0.0, 0.0
     for m in sorted(saved):
-        if run_sum <= 0:
-            run, run_sum = [], 0.0
-        run.append(m)
-        run_sum += saved[m] * len(spans[m])
-        if run_sum > best_sum:
-            best, best_sum = frozenset(c for k in run for c in spans[k]), run_sum
+        total += saved[m] * len(spans[m])
+        if total > best_sum:
+            best, best_sum = frozenset(range(1, m + 1)), total
     return best
 
 

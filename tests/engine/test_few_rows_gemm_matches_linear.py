@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from engine.models import cpu_gemm, gemm_timing, row_calibration
 from engine.models.cpu_gemm import (MAX_ROWS, WIDEN_ROWS, can_prepack, few_rows_gemm, few_rows_kernel, max_rows,
                                     onednn_linear)
-from engine.models.gemm_timing import best_range, calibrate_rows, widened_wins, working_set
+from engine.models.gemm_timing import best_prefix, calibrate_rows, widened_wins, working_set
 from engine.models.linear import FewRowsLinear, use_few_rows_kernel
 from engine.models.loader import load_model
 from tests.engine.conftest import make_core
@@ -114,7 +114,7 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
     w = torch.randn(3072, 576, generator=torch.Generator().manual_seed(1))
     rows = calibrate_rows(lib, [w], reps=1, passes=1)
     assert rows <= set(range(1, MAX_ROWS + 1))
-    assert not rows or rows == set(range(min(rows), max(rows) + 1))  # one range
+    assert not rows or rows == set(range(1, max(rows) + 1))  # one range, from 1 row
     layer = FewRowsLinear(w, None, lib, rows=frozenset({3}))
     calls = []
     layer._lib = type("Spy", (), {"splitserve_few_rows_gemm": lambda self, *a: calls.append(a[4]) or
@@ -125,22 +125,38 @@ def test_the_row_counts_it_takes_are_the_ones_it_won_here() -> None:
     assert calls == [3]
 
 
-def test_the_calibration_keeps_one_range_so_a_noisy_count_neither_punches_a_hole_nor_adds_a_stray() -> None:
+def test_the_calibration_keeps_one_range_from_one_row_so_a_noisy_count_neither_punches_a_hole_nor_adds_a_stray(
+) -> None:
     saved = {m: 1.0 for m in range(1, 21)} | {m: -1.0 for m in range(21, 33)}
     saved[7] = -0.3  # one noisy loss inside the winning range
     saved[28] = 0.2  # one noisy win far past it
-    assert best_range(saved) == frozenset(range(1, 21))
-    assert best_range({m: -1.0 for m in range(1, 9)}) == frozenset()  # the kernel never wins: no rows
-    assert best_range({1: -2.0, 2: -2.0, 3: 1.0, 4: 1.0, 5: -5.0}) == frozenset({3, 4})  # MKL's own 1-2 rows
+    assert best_prefix(saved) == frozenset(range(1, 21))
+    assert best_prefix({m: -1.0 for m in range(1, 9)}) == frozenset()  # the kernel never wins: no rows
+    # MKL a little faster at 1-2 rows: the kernel takes them with 3-4, so no row's result depends on its batch
+    assert best_prefix({1: -0.5, 2: -0.5, 3: 1.0, 4: 1.0, 5: -5.0}) == frozenset(range(1, 5))
+    assert best_prefix({1: -2.0, 2: -2.0, 3: 1.0, 4: 1.0, 5: -5.0}) == frozenset()  # wins that do not pay for 1-2
 
 
 def test_a_sampled_row_count_stands_for_the_counts_since_the_sample_before_it() -> None:
-    dense = {m: -1.0 for m in range(1, 33)}
+    dense = {m: 1.0 for m in range(1, 33)}
     # the kernel wins at 40 and 64 by a little, loses at 48 by more per count: 48 stands for 41-48, 64 for 57-64
-    assert best_range(dense | {40: 1.0, 48: -0.5, 56: 0.1, 64: 1.0}) == frozenset(range(33, 65))
-    assert best_range(dense | {40: 1.0, 48: -2.0, 56: 0.1, 64: 0.1}) == frozenset(range(33, 41))
-    # a win at 96 alone, after losses: it stands for 65-96, not for the counts before
-    assert best_range(dense | {64: -1.0, 96: 1.0}) == frozenset(range(65, 97))
+    assert best_prefix(dense | {40: 1.0, 48: -0.5, 56: 0.1, 64: 1.0}) == frozenset(range(1, 65))
+    assert best_prefix(dense | {40: 1.0, 48: -2.0, 56: 0.1, 64: 0.1}) == frozenset(range(1, 41))
+    # a win at 96 after losses from 33 to 64: it stands for 65-96, so it pays for them
+    losses = {m: -1.0 for m in (40, 48, 56, 64)}
+    assert best_prefix(dense | losses | {96: 1.5}) == frozenset(range(1, 97))
+    assert best_prefix(dense | losses | {96: 0.5}) == frozenset(range(1, 33))
+
+
+def test_a_calibrated_layers_row_does_not_depend_on_its_batch() -> None:
+    """Whatever the calibration found here, a row's output is bit for bit the same alone and in a batch of any
+    count up to the kernel's last (a decode batch, a speculative verification)."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(3072, 576, generator=g), torch.randn(64, 576, generator=g)
+    layer = FewRowsLinear(w, None, lib, rows=calibrate_rows(lib, [w], reps=1, passes=1))
+    alone = layer(x[:1])[0]
+    for m in range(2, max(layer.rows, default=1) + 1):
+        assert torch.equal(layer(x[:m])[0], alone), f"{m} rows"
 
 
 def test_a_rows_result_does_not_depend_on_its_batch() -> None:
