@@ -8,15 +8,15 @@
  * and keeps an accumulator row in vector registers; other dims take the generic body. cpu_kernels.py compiles
  * with -ffp-contract=fast and reassociation allowed, so the dot products use FMAs and tree reductions.
  *
- * With AVX-512 and head dims 64/128 with up to 8 query heads per kv head, a vectorized body takes over (see
- * "AVX-512 body" below): 16 keys at a time, K and V rows converted to float32 in registers (never through a
- * buffer), the dot products of 16 keys summed with one transpose-reduction, and the softmax of the 16 scores
- * done as one vector. It asks for the K and V rows of the page ahead one key row at a time,
- * as it reads the current page's (``pf_row``), not a page's worth at once: a burst of hundreds of prefetches at
- * a page's start overflows the core's miss buffers and most of it is lost. Measured on SmolLM2's shapes (batch
- * 64 x 544 tokens, 30 layers, scattered pages, 2 cores of an AMD EPYC whose reads stream at ~40 GB/s): float32
- * 17 -> 22-27 GB/s (1.28x), bfloat16 13 -> 25-30 GB/s (1.9x); the burst's distance or cache hint made no
- * difference (0.97-1.02x), nor did huge pages under the pool.
+ * With AVX-512 and head dims 64/128 with up to 8 query heads per kv head, a vectorized body takes over (see "AVX-512
+ * body" below; with AVX2 alone, its scheme on 8-float vectors over bfloat16 caches: "AVX2 body"): 16 keys at a time,
+ * K and V rows converted to float32 in registers (never through a buffer), the dot products of 16 keys summed with
+ * one transpose-reduction, and the softmax of the 16 scores done as one vector. It asks for the K and V rows of the
+ * page ahead one key row at a time, as it reads the current page's (``pf_row``), not a page's worth at once: a burst
+ * of hundreds of prefetches at a page's start overflows the core's miss buffers and most of it is lost. Measured on
+ * SmolLM2's shapes (batch 64 x 544 tokens, 30 layers, scattered pages, 2 cores of an AMD EPYC whose reads stream at
+ * ~40 GB/s): float32 17 -> 22-27 GB/s (1.28x), bfloat16 13 -> 25-30 GB/s (1.9x); the burst's distance or cache hint
+ * made no difference (0.97-1.02x), nor did huge pages under the pool.
  *
  * Whole rows (a task with every kv head of its sequence, pages a multiple of 16 keys): the reads that stream
  * best on that host are demand loads running along each row with K and V alternating (a harness reading the
@@ -495,14 +495,190 @@ static const fast_fn FAST_128[2][FAST_MAX_GROUP] = {
     {fast_128_1, fast_128_2, fast_128_3, fast_128_4, fast_128_5, fast_128_6, fast_128_7, fast_128_8},
     {fastw_128_1, fastw_128_2, fastw_128_3, fastw_128_4, fastw_128_5, fastw_128_6, fastw_128_7, fastw_128_8}};
 
-static fast_fn pick_fast(int head_dim, int group, int whole) {
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
+    (void)kv_dtype;
     if (group < 1 || group > FAST_MAX_GROUP) return NULL;
     return head_dim == 64 ? FAST_64[whole][group - 1] : head_dim == 128 ? FAST_128[whole][group - 1] : NULL;
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* ---- AVX2 body ----------------------------------------------------------------------------------------------
+ * For hosts without AVX-512, over bfloat16 caches: the AVX-512 body's scheme on 8-float vectors. Keys 8 at a
+ * time; per key, its K row of one kv head widened in registers (8 vectors at a time) and dotted with each of the
+ * G query rows (the queries from L1: AVX2's 16 registers do not hold them), 8 keys' partial-product vectors per
+ * query row summed by one transpose-reduction into a vector of 8 scores, their online softmax as one vector; then
+ * per V row, widened VJ vectors at a time, its weight broadcast into VJ FMAs per query row, the accumulators of
+ * every query row for those VJ vectors in registers. Nothing goes through a buffer: a first version that widened a
+ * block's K and V rows into float32 buffers (as the generic body does a page's) was 0.8-0.95x the generic body
+ * (GCC tuned for Zen 1 splits 32-byte stores in two, and the loads right after them waited). Pages are walked in
+ * order, the same rows of the page PF_KEYS keys ahead prefetched key by key. A row's sums run in the same order
+ * whatever task or batch it is in. Over float32 caches the generic body stays (this one: 0.77-0.88x there, the
+ * generic one's spread page reads streaming better). Measured on an AVX2-only Zen 1 host (2 threads), SmolLM2's
+ * shapes (9 heads, 3 kv heads, dim 64), 30 layers' pools of scattered pages, alternating with the generic body in
+ * one C harness: bfloat16 batch 1 at 16-2048 tokens 1.13-1.25x, batch 4, 16 and 64 at 128-600 tokens
+ * 1.17-1.24x; VJ 4 against 1 or 2: 1.03-1.06x. */
+#include <immintrin.h>
+#define HAVE_FAST 1
+#define FAST_MAX_GROUP 8
+#define VJ 4 /* V vectors per pass: 4 x G accumulators */
+
+static inline __m256 load8(const void *base, int64_t idx, int kv_dtype) {
+    if (kv_dtype == 0) return _mm256_loadu_ps((const float *)base + idx);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx));
+    if (kv_dtype == 1) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* Lane t of the result is the sum of the 8 lanes of v[t]: pairs inside 128-bit lanes, then quads, then the two
+ * 128-bit lanes (21 shuffles and adds for 8 keys instead of a reduction per key). */
+static inline __m256 sum8x8(const __m256 *v) {
+    __m256 a[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    const __m256 b0 = _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], 0x44), _mm256_shuffle_ps(a[0], a[1], 0xEE));
+    const __m256 b1 = _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], 0x44), _mm256_shuffle_ps(a[2], a[3], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+/* Keys [0, n) (n <= 8) from row `row0` (the first key's slot, offset to the task's first kv head) against the G
+ * query rows of each of the task's nkv kv heads. pf_row: the same rows of a page ahead, or -1. */
+static inline __attribute__((always_inline)) void avx2_block(const Args *A, float *qs, float *accs, float *dens,
+                                                              float *mx, int64_t row0, int n, int nkv, const int D,
+                                                              const int G, int64_t pf_row) {
+    const int DV = D / 8, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
+    const int64_t stride = A->stride;
+    const __m256 valid = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    for (int h = 0; h < nkv; h++) {
+        const int64_t hoff = row0 + (int64_t)h * D;
+        const float *qh = qs + (int64_t)h * G * D;
+        __m256 part[FAST_MAX_GROUP][8];
+        for (int t = 0; t < 8; t++) {
+            if (t >= n) {
+                for (int g = 0; g < G; g++) part[g][t] = _mm256_setzero_ps();
+                continue;
+            }
+            if (pf_row >= 0) {
+                const int64_t at = (pf_row + (int64_t)h * D + t * stride) * elem;
+                for (int c = 0; c < D * elem; c += 64) {
+                    __builtin_prefetch((const char *)A->k_cache + at + c, 0, 3);
+                    __builtin_prefetch((const char *)A->v_cache + at + c, 0, 3);
+                }
+            }
+            for (int j0 = 0; j0 < DV; j0 += 8) { /* 8 K vectors in registers, for every query row */
+                __m256 k[8];
+                for (int j = 0; j < 8 && j0 + j < DV; j++)
+                    k[j] = load8(A->k_cache, hoff + t * stride + 8 * (j0 + j), kv_dtype);
+                for (int g = 0; g < G; g++) {
+                    const float *qg = qh + g * D + 8 * j0;
+                    __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(qg), k[0]), s1 = _mm256_setzero_ps();
+                    for (int j = 1; j < 8 && j0 + j < DV; j++) {
+                        if (j & 1) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * j), k[j], s1);
+                        else s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * j), k[j], s0);
+                    }
+                    part[g][t] = j0 ? _mm256_add_ps(part[g][t], _mm256_add_ps(s0, s1)) : _mm256_add_ps(s0, s1);
+                }
+            }
+        }
+        float pw[FAST_MAX_GROUP][8];
+        for (int g = 0; g < G; g++) {
+            const int r = h * G + g;
+            const __m256 s = sum8x8(part[g]);
+            const float m_old = mx[r];
+            const float blk = hmaxk((vk)_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, valid));
+            const float m = blk > m_old ? blk : m_old;
+            const __m256 p = _mm256_and_ps(valid, (__m256)expk((vk)_mm256_sub_ps(s, _mm256_set1_ps(m))));
+            _mm256_storeu_ps(pw[g], p);
+            float *dr = dens + r * 8, *ar = accs + (int64_t)r * D;
+            if (m == m_old) { /* the max did not move: no correction (it would multiply by exactly 1) */
+                _mm256_storeu_ps(dr, _mm256_add_ps(_mm256_loadu_ps(dr), p));
+                continue;
+            }
+            const __m256 cv = _mm256_set1_ps(m_old == -INFINITY ? 0.f : exp_nonpositive(m_old - m));
+            _mm256_storeu_ps(dr, _mm256_fmadd_ps(_mm256_loadu_ps(dr), cv, p));
+            mx[r] = m;
+            for (int j = 0; j < DV; j++) _mm256_storeu_ps(ar + 8 * j, _mm256_mul_ps(_mm256_loadu_ps(ar + 8 * j), cv));
+        }
+        float *ah = accs + (int64_t)h * G * D;
+        for (int j0 = 0; j0 < DV; j0 += VJ) { /* VJ V vectors at a time, every query row's accumulators for them */
+            __m256 acc[FAST_MAX_GROUP][VJ];
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < VJ; j++) acc[g][j] = _mm256_loadu_ps(ah + g * D + 8 * (j0 + j));
+            for (int t = 0; t < n; t++) {
+                __m256 v[VJ];
+                for (int j = 0; j < VJ; j++) v[j] = load8(A->v_cache, hoff + t * stride + 8 * (j0 + j), kv_dtype);
+                for (int g = 0; g < G; g++) {
+                    const __m256 w = _mm256_broadcast_ss(&pw[g][t]);
+                    for (int j = 0; j < VJ; j++) acc[g][j] = _mm256_fmadd_ps(w, v[j], acc[g][j]);
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < VJ; j++) _mm256_storeu_ps(ah + g * D + 8 * (j0 + j), acc[g][j]);
+        }
+    }
+}
+
+/* Scratch floats of the AVX2 body for tasks of `per` kv heads: queries and accumulators (D each per query row),
+ * an 8-lane denominator and a running max per query row, and a block's widened K and V rows. */
+static size_t fast_scratch_floats(int per, int group, int head_dim) {
+    return (size_t)per * group * (2 * head_dim + 8 + 1);
+}
+
+static inline __attribute__((always_inline)) void attend_avx2(const Args *A, float *scratch, int b, int kv0,
+                                                               int kv1, const int D, const int G) {
+    const int nkv = kv1 - kv0, rows = nkv * G, page_size = A->page_size;
+    const int elem = A->kv_dtype == 0 ? 4 : 2;
+    float *qs = scratch, *accs = qs + (int64_t)rows * D, *dens = accs + (int64_t)rows * D, *mx = dens + rows * 8;
+    const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
+    rows_to_f32(A->q, qrow * D, D, rows, D, A->dtype, qs);
+    for (int i = 0; i < rows * D; i++) { qs[i] *= A->scale; accs[i] = 0.f; }
+    for (int i = 0; i < rows * 8; i++) dens[i] = 0.f;
+    for (int r = 0; r < rows; r++) mx[r] = -INFINITY;
+    const int64_t len = A->kv_lens[b], stride = A->stride;
+    const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
+    const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
+    for (int64_t start = 0; start < len; start += page_size) {
+        const int n = (int)((len - start) < page_size ? (len - start) : page_size);
+        const int64_t row0 = pages[start / page_size] * page_size * stride + (int64_t)kv0 * D;
+        if (start == 0) prefetch_ahead(A, pages, start, len, (int64_t)kv0 * D, nkv * D * elem);
+        const int64_t pf_page = start / page_size + ahead, pf_row = pf_page < num_pages
+            ? pages[pf_page] * page_size * stride + (int64_t)kv0 * D : -1;
+        for (int t0 = 0; t0 < n; t0 += 8)
+            avx2_block(A, qs, accs, dens, mx, row0 + t0 * stride, n - t0 < 8 ? n - t0 : 8, nkv, D, G,
+                       pf_row < 0 ? -1 : pf_row + t0 * stride);
+    }
+    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0; /* a draft tree node's path: a key each */
+    for (int64_t e = 0; e < extra; e++)
+        avx2_block(A, qs, accs, dens, mx, A->extra_slots[b * A->max_extra + e] * stride + (int64_t)kv0 * D,
+                   1, nkv, D, G, -1);
+    for (int r = 0; r < rows; r++) {
+        const float den = hsumk((vk)_mm256_loadu_ps(dens + r * 8));
+        store_row(A, (qrow + r) * D, accs + (int64_t)r * D, den > 0.f ? 1.f / den : 0.f, D);
+    }
+}
+
+#define FAST_FN(D, G) \
+    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1) { \
+        attend_avx2((const Args *)A, w, b, kv0, kv1, D, G); \
+    }
+#define FAST_FNS(D) FAST_FN(D, 1) FAST_FN(D, 2) FAST_FN(D, 3) FAST_FN(D, 4) FAST_FN(D, 5) FAST_FN(D, 6) \
+    FAST_FN(D, 7) FAST_FN(D, 8)
+FAST_FNS(64)
+FAST_FNS(128)
+typedef void (*fast_fn)(const void *, float *, int, int, int);
+static const fast_fn FAST_64[FAST_MAX_GROUP] = {fast_64_1, fast_64_2, fast_64_3, fast_64_4,
+                                                fast_64_5, fast_64_6, fast_64_7, fast_64_8};
+static const fast_fn FAST_128[FAST_MAX_GROUP] = {fast_128_1, fast_128_2, fast_128_3, fast_128_4,
+                                                 fast_128_5, fast_128_6, fast_128_7, fast_128_8};
+
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) { /* one walk for whole rows too */
+    (void)whole;
+    if (group < 1 || group > FAST_MAX_GROUP || kv_dtype != 1) return NULL;
+    return head_dim == 64 ? FAST_64[group - 1] : head_dim == 128 ? FAST_128[group - 1] : NULL;
+}
 #else
 typedef void (*fast_fn)(const void *, float *, int, int, int);
-static fast_fn pick_fast(int head_dim, int group, int whole) {
-    (void)head_dim, (void)group, (void)whole;
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
+    (void)head_dim, (void)group, (void)whole, (void)kv_dtype;
     return NULL;
 }
 static size_t fast_scratch_floats(int per, int group, int head_dim) {
@@ -551,8 +727,8 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     while (num_kv_heads % per) per--;
     const int tasks_per_seq = num_kv_heads / per;
     const int whole = per == num_kv_heads && page_size % 16 == 0;
-    const fast_fn fast = generic_only ? NULL : pick_fast(head_dim, group, 0),
-                  fast_whole = generic_only ? NULL : pick_fast(head_dim, group, whole);
+    const fast_fn fast = generic_only ? NULL : pick_fast(head_dim, group, 0, kv_dtype),
+                  fast_whole = generic_only ? NULL : pick_fast(head_dim, group, whole, kv_dtype);
     /* per-thread scratch: the fast body's state, or the generic body's query rows and accumulators plus one
      * converted K and V page for 16-bit caches */
     const size_t floats = fast ? fast_scratch_floats(per, group, head_dim)

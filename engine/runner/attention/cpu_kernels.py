@@ -40,7 +40,8 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k_cache: torch.Tensor, v
     """q: [B, H, D] contiguous; caches [slots, KVH, D] (their dtype may differ from q's: a float32 model with a
     16-bit cache); page_table [B, max_pages] int64 -> out [B, H, D] in q's dtype. Row b attends over its first
     ``kv_lens[b]`` positions, then, when given, over ``extra_slots[b, :extra_lens[b]]`` (int64; a draft tree
-    node's path). ``generic`` skips the AVX-512 body (tests compare both)."""
+    node's path). ``generic`` skips the vectorized body (AVX-512, or AVX2 over bfloat16 caches; tests compare
+    both)."""
     out = torch.empty_like(q)
     b, h, d = q.shape
     has_extra = extra_slots is not None and extra_lens is not None
