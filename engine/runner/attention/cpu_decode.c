@@ -258,6 +258,23 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
                   head_dim);
 }
 
+/* A vectorized body's task state, in its scratch: the task's query rows (from query row `qrow`) scaled and
+ * widened, zeroed accumulators (D floats each per query row), a `lanes`-wide denominator and a running max per
+ * query row. */
+typedef struct {
+    float *qs, *accs, *dens, *mx;
+} TaskState;
+
+static inline TaskState task_state(const Args *A, float *scratch, int64_t qrow, int rows, int D, int lanes) {
+    TaskState T = {scratch, scratch + (int64_t)rows * D, scratch + (int64_t)2 * rows * D, NULL};
+    T.mx = T.dens + rows * lanes;
+    rows_to_f32(A->q, qrow * D, D, rows, D, A->dtype, T.qs);
+    for (int i = 0; i < rows * D; i++) { T.qs[i] *= A->scale; T.accs[i] = 0.f; }
+    for (int i = 0; i < rows * lanes; i++) T.dens[i] = 0.f;
+    for (int r = 0; r < rows; r++) T.mx[r] = -INFINITY;
+    return T;
+}
+
 /* ---- AVX-512 body ------------------------------------------------------------------------------------------
  * A task's state (scaled queries, accumulators, running max and denominators of its kv heads' query rows) lives
  * in the per-thread scratch; for every page, the keys are taken 16 at a time, and for each kv head its G query
@@ -423,12 +440,9 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
                                                                int kv1, const int D, const int G, const int whole) {
     const int nkv = kv1 - kv0, rows = nkv * G, page_size = A->page_size;
     const int elem = A->kv_dtype == 0 ? 4 : 2;
-    float *qs = scratch, *accs = qs + (int64_t)rows * D, *dens = accs + (int64_t)rows * D, *mx = dens + rows * 16;
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
-    rows_to_f32(A->q, qrow * D, D, rows, D, A->dtype, qs);
-    for (int i = 0; i < rows * D; i++) { qs[i] *= A->scale; accs[i] = 0.f; }
-    for (int i = 0; i < rows * 16; i++) dens[i] = 0.f;
-    for (int r = 0; r < rows; r++) mx[r] = -INFINITY;
+    const TaskState T0 = task_state(A, scratch, qrow, rows, D, 16);
+    float *qs = T0.qs, *accs = T0.accs, *dens = T0.dens, *mx = T0.mx;
     const int64_t len = A->kv_lens[b], stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
@@ -627,12 +641,9 @@ static inline __attribute__((always_inline)) void attend_avx2(const Args *A, flo
                                                                int kv1, const int D, const int G) {
     const int nkv = kv1 - kv0, rows = nkv * G, page_size = A->page_size;
     const int elem = A->kv_dtype == 0 ? 4 : 2;
-    float *qs = scratch, *accs = qs + (int64_t)rows * D, *dens = accs + (int64_t)rows * D, *mx = dens + rows * 8;
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
-    rows_to_f32(A->q, qrow * D, D, rows, D, A->dtype, qs);
-    for (int i = 0; i < rows * D; i++) { qs[i] *= A->scale; accs[i] = 0.f; }
-    for (int i = 0; i < rows * 8; i++) dens[i] = 0.f;
-    for (int r = 0; r < rows; r++) mx[r] = -INFINITY;
+    const TaskState T0 = task_state(A, scratch, qrow, rows, D, 8);
+    float *qs = T0.qs, *accs = T0.accs, *dens = T0.dens, *mx = T0.mx;
     const int64_t len = A->kv_lens[b], stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
