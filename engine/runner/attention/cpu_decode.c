@@ -529,7 +529,7 @@ static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
  * generic one's spread page reads streaming better). Measured on an AVX2-only Zen 1 host (2 threads), SmolLM2's
  * shapes (9 heads, 3 kv heads, dim 64), 30 layers' pools of scattered pages, alternating with the generic body in
  * one C harness: bfloat16 batch 1 at 16-2048 tokens 1.13-1.25x, batch 4, 16 and 64 at 128-600 tokens
- * 1.17-1.24x; VJ 4 against 1 or 2: 1.03-1.06x. */
+ * 1.17-1.24x; VJ 4 against 1 or 2: 1.02-1.09x. */
 #include <immintrin.h>
 #define HAVE_FAST 1
 #define FAST_MAX_GROUP 8
