@@ -47,6 +47,8 @@
 #define MAX_HEAD_DIM 256
 #define MAX_PAGE 256
 #define MAX_ROWS 128 /* query heads in one task */
+#define CHUNK_KEYS 128 /* without the AVX-512 body, a row's keys per task, at least: see splitserve_decode_attention */
+#define MAX_CHUNKS 4   /* and its tasks (chunks) at most */
 #define PF_DIST 3 /* generic body: pages prefetched ahead (3 measured best: 1 was 13% slower in float32, 18% in bf16) */
 #define PF_KEYS 16 /* AVX-512 body: keys (whole pages, at least one) between a row read and the row prefetched */
 
@@ -105,7 +107,23 @@ typedef struct {
     int num_heads, group, page_size, max_pages, max_extra, dtype, kv_dtype;
     int64_t stride; /* elements between consecutive slots */
     float scale;
+    int64_t chunk;             /* keys a task takes at most (a whole number of pages), or 0: a whole row */
+    const int64_t *chunk_base; /* per row: the index of its first chunk (with chunk) */
+    float *partial;            /* per chunk and query head: max, denominator, D accumulators (merge_chunks) */
 } Args;
+
+/* A row's chunks of keys, from its length alone: with A->chunk, len / chunk rounded up, at most MAX_CHUNKS, at
+ * least 1 (its draft path goes with its last) */
+static inline int64_t num_chunks(const Args *A, int64_t len) {
+    const int64_t n = A->chunk && len > A->chunk ? (len + A->chunk - 1) / A->chunk : 1;
+    return n < MAX_CHUNKS ? n : MAX_CHUNKS;
+}
+
+/* Keys in each of a row's chunks but its last: whole pages, the row's keys spread evenly over num_chunks */
+static inline int64_t chunk_keys(const Args *A, int64_t len) {
+    const int64_t n = num_chunks(A, len), pages = (len + A->page_size - 1) / A->page_size;
+    return (pages + n - 1) / n * A->page_size;
+}
 
 /* Pages are scattered, so ask for the K and V rows of the pages PF_DIST ahead of the one at `start` (all of
  * them up to PF_DIST when starting): `row_bytes` per slot from element `col0` of each slot. */
@@ -160,11 +178,47 @@ static inline void store_row(const Args *A, int64_t o, const float *src, float i
     }
 }
 
+/* A task's query rows [qrow, qrow + rows) of row b, chunk c, done: the output where the chunk is the row's only
+ * one, else the chunk's running max, denominator and accumulators, for merge_chunks. */
+static inline void finish_rows(const Args *A, int b, int64_t c, int64_t qrow, int rows, const float *acc,
+                               const float *mx, const float *den, int D) {
+    if (num_chunks(A, A->kv_lens[b]) == 1) {
+        for (int r = 0; r < rows; r++)
+            store_row(A, (qrow + r) * D, acc + (int64_t)r * D, den[r] > 0.f ? 1.f / den[r] : 0.f, D);
+        return;
+    }
+    const int64_t head0 = qrow - (int64_t)b * A->num_heads;
+    for (int r = 0; r < rows; r++) {
+        float *p = A->partial + ((A->chunk_base[b] + c) * A->num_heads + head0 + r) * (D + 2);
+        p[0] = mx[r];
+        p[1] = den[r];
+        memcpy(p + 2, acc + (int64_t)r * D, (size_t)D * sizeof(float));
+    }
+}
+
+/* Query head h of row b, whose keys came in several chunks: the chunks' accumulators and denominators, each
+ * scaled by exp(its max - the largest), summed in chunk order (so a row's result depends on its length and the
+ * chunk size only, not on its batch). */
+static void merge_chunks(const Args *A, int b, int h, int D) {
+    const int64_t nch = num_chunks(A, A->kv_lens[b]), step = (int64_t)A->num_heads * (D + 2);
+    const float *p0 = A->partial + (A->chunk_base[b] * A->num_heads + h) * (D + 2);
+    float m = -INFINITY, den = 0.f, acc[MAX_HEAD_DIM];
+    for (int64_t c = 0; c < nch; c++) m = p0[c * step] > m ? p0[c * step] : m;
+    for (int d = 0; d < D; d++) acc[d] = 0.f;
+    for (int64_t c = 0; c < nch; c++) {
+        const float *p = p0 + c * step;
+        const float w = p[0] == -INFINITY ? 0.f : exp_nonpositive(p[0] - m);
+        den += p[1] * w;
+        for (int d = 0; d < D; d++) acc[d] += p[2 + d] * w;
+    }
+    store_row(A, ((int64_t)b * A->num_heads + h) * D, acc, den > 0.f ? 1.f / den : 0.f, D);
+}
+
 /* One sequence's kv heads [kv0, kv1), each with its `group` query heads, against every page of the sequence.
  * A page's rows for these heads are loaded (and, for 16-bit caches, converted) once for all of them.
  * head_dim is a compile-time constant in the specialized copies, so the accumulator row stays in registers. */
 static inline __attribute__((always_inline)) void attend(const Args *A, float *scratch, int b, int kv0,
-                                                         int kv1, const int head_dim) {
+                                                         int kv1, int64_t c, const int head_dim) {
     const int group = A->group, page_size = A->page_size, dtype = A->dtype, kv_dtype = A->kv_dtype;
     const int64_t stride = A->stride;
     const int elem = kv_dtype == 0 ? 4 : 2;
@@ -181,16 +235,20 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0;
     const int64_t num_pages = (len + page_size - 1) / page_size;
-    for (int64_t it = 0; it < num_pages + extra; it++) {
+    /* this task's pages [it0, it1): its chunk's (then its draft path, if the chunk is the row's last) */
+    const int64_t cp = A->chunk ? chunk_keys(A, len) / page_size : num_pages, it0 = c * cp;
+    const int64_t it1 = it0 + cp < num_pages ? it0 + cp : num_pages;
+    for (int64_t it = it0; it < num_pages + extra; it++) {
         const int64_t start = it * page_size;
         int n;
         int64_t off;
         Spread P = {0};
+        if (it == it1 && it1 < num_pages) break; /* a chunk before the last */
         if (it < num_pages) { /* a page of the sequence */
             n = (int)((len - start) < page_size ? (len - start) : page_size);
             off = pages[start / page_size] * page_size * stride + (int64_t)kv0 * head_dim;
             const int64_t ps = start + (int64_t)PF_DIST * page_size; /* the page PF_DIST ahead */
-            if (start == 0)
+            if (start == 0) /* a later chunk's first pages: the chunk before asked for them */
                 prefetch_ahead(A, pages, start, len, (int64_t)kv0 * head_dim, width * elem);
             if (ps < len) { /* spread over this page's compute: see Spread */
                 const int64_t at = (pages[ps / page_size] * page_size * stride + (int64_t)kv0 * head_dim) * elem;
@@ -253,9 +311,7 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
         }
         while (P.r < P.rows) spread_step(&P);
     }
-    for (int r = 0; r < rows; r++)
-        store_row(A, (qrow + r) * head_dim, acc + (int64_t)r * head_dim, denom[r] > 0.f ? 1.f / denom[r] : 0.f,
-                  head_dim);
+    finish_rows(A, b, c, qrow, rows, acc, mx, denom, head_dim);
 }
 
 /* A vectorized body's task state, in its scratch: the task's query rows (from query row `qrow`) scaled and
@@ -286,6 +342,7 @@ static inline TaskState task_state(const Args *A, float *scratch, int64_t qrow, 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_FAST 1
+#define CHUNKED 0 /* its whole-row walk (attend_fast) takes a row's pages in one task */
 #define FAST_MAX_GROUP 8
 
 static inline __m512 load16(const void *base, int64_t idx, int kv_dtype) {
@@ -491,17 +548,19 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
  * fast_D_G walks pages and prefetches (tasks of some kv heads, pages not a multiple of 16), fastw_D_G whole rows
  * (see touch_step). */
 #define FAST_FN(D, G) \
-    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1) { \
+    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
+        (void)c; \
         attend_fast((const Args *)A, w, b, kv0, kv1, D, G, 0); \
     } \
-    static void fastw_##D##_##G(const void *A, float *w, int b, int kv0, int kv1) { \
+    static void fastw_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
+        (void)c; \
         attend_fast((const Args *)A, w, b, kv0, kv1, D, G, 1); \
     }
 #define FAST_FNS(D) FAST_FN(D, 1) FAST_FN(D, 2) FAST_FN(D, 3) FAST_FN(D, 4) FAST_FN(D, 5) FAST_FN(D, 6) \
     FAST_FN(D, 7) FAST_FN(D, 8)
 FAST_FNS(64)
 FAST_FNS(128)
-typedef void (*fast_fn)(const void *, float *, int, int, int);
+typedef void (*fast_fn)(const void *, float *, int, int, int, int64_t);
 static const fast_fn FAST_64[2][FAST_MAX_GROUP] = {
     {fast_64_1, fast_64_2, fast_64_3, fast_64_4, fast_64_5, fast_64_6, fast_64_7, fast_64_8},
     {fastw_64_1, fastw_64_2, fastw_64_3, fastw_64_4, fastw_64_5, fastw_64_6, fastw_64_7, fastw_64_8}};
@@ -532,6 +591,7 @@ static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
  * 1.17-1.24x; VJ 4 against 1 or 2: 1.02-1.09x. */
 #include <immintrin.h>
 #define HAVE_FAST 1
+#define CHUNKED 1
 #define FAST_MAX_GROUP 8
 #define VJ 4 /* V vectors per pass: 4 x G accumulators */
 
@@ -638,7 +698,7 @@ static size_t fast_scratch_floats(int per, int group, int head_dim) {
 }
 
 static inline __attribute__((always_inline)) void attend_avx2(const Args *A, float *scratch, int b, int kv0,
-                                                               int kv1, const int D, const int G) {
+                                                               int kv1, int64_t c, const int D, const int G) {
     const int nkv = kv1 - kv0, rows = nkv * G, page_size = A->page_size;
     const int elem = A->kv_dtype == 0 ? 4 : 2;
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
@@ -647,7 +707,8 @@ static inline __attribute__((always_inline)) void attend_avx2(const Args *A, flo
     const int64_t len = A->kv_lens[b], stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
-    for (int64_t start = 0; start < len; start += page_size) {
+    const int64_t ck = A->chunk ? chunk_keys(A, len) : len, k0 = c * ck, k1 = k0 + ck < len ? k0 + ck : len;
+    for (int64_t start = k0; start < k1; start += page_size) {
         const int n = (int)((len - start) < page_size ? (len - start) : page_size);
         const int64_t row0 = pages[start / page_size] * page_size * stride + (int64_t)kv0 * D;
         if (start == 0) prefetch_ahead(A, pages, start, len, (int64_t)kv0 * D, nkv * D * elem);
@@ -657,25 +718,25 @@ static inline __attribute__((always_inline)) void attend_avx2(const Args *A, flo
             avx2_block(A, qs, accs, dens, mx, row0 + t0 * stride, n - t0 < 8 ? n - t0 : 8, nkv, D, G,
                        pf_row < 0 ? -1 : pf_row + t0 * stride);
     }
-    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0; /* a draft tree node's path: a key each */
+    /* a draft tree node's path, a key each, with the row's last chunk */
+    const int64_t extra = A->extra_lens && k1 == len ? A->extra_lens[b] : 0;
     for (int64_t e = 0; e < extra; e++)
         avx2_block(A, qs, accs, dens, mx, A->extra_slots[b * A->max_extra + e] * stride + (int64_t)kv0 * D,
                    1, nkv, D, G, -1);
-    for (int r = 0; r < rows; r++) {
-        const float den = hsumk((vk)_mm256_loadu_ps(dens + r * 8));
-        store_row(A, (qrow + r) * D, accs + (int64_t)r * D, den > 0.f ? 1.f / den : 0.f, D);
-    }
+    float den[MAX_ROWS];
+    for (int r = 0; r < rows; r++) den[r] = hsumk((vk)_mm256_loadu_ps(dens + r * 8));
+    finish_rows(A, b, c, qrow, rows, accs, mx, den, D);
 }
 
 #define FAST_FN(D, G) \
-    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1) { \
-        attend_avx2((const Args *)A, w, b, kv0, kv1, D, G); \
+    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
+        attend_avx2((const Args *)A, w, b, kv0, kv1, c, D, G); \
     }
 #define FAST_FNS(D) FAST_FN(D, 1) FAST_FN(D, 2) FAST_FN(D, 3) FAST_FN(D, 4) FAST_FN(D, 5) FAST_FN(D, 6) \
     FAST_FN(D, 7) FAST_FN(D, 8)
 FAST_FNS(64)
 FAST_FNS(128)
-typedef void (*fast_fn)(const void *, float *, int, int, int);
+typedef void (*fast_fn)(const void *, float *, int, int, int, int64_t);
 static const fast_fn FAST_64[FAST_MAX_GROUP] = {fast_64_1, fast_64_2, fast_64_3, fast_64_4,
                                                 fast_64_5, fast_64_6, fast_64_7, fast_64_8};
 static const fast_fn FAST_128[FAST_MAX_GROUP] = {fast_128_1, fast_128_2, fast_128_3, fast_128_4,
@@ -687,7 +748,8 @@ static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) { /* 
     return head_dim == 64 ? FAST_64[group - 1] : head_dim == 128 ? FAST_128[group - 1] : NULL;
 }
 #else
-typedef void (*fast_fn)(const void *, float *, int, int, int);
+#define CHUNKED 1
+typedef void (*fast_fn)(const void *, float *, int, int, int, int64_t);
 static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
     (void)head_dim, (void)group, (void)whole, (void)kv_dtype;
     return NULL;
@@ -698,9 +760,15 @@ static size_t fast_scratch_floats(int per, int group, int head_dim) {
 }
 #endif
 
-static void attend_64(const Args *A, float *w, int b, int kv0, int kv1) { attend(A, w, b, kv0, kv1, 64); }
-static void attend_128(const Args *A, float *w, int b, int kv0, int kv1) { attend(A, w, b, kv0, kv1, 128); }
-static void attend_any(const Args *A, float *w, int b, int kv0, int kv1, int hd) { attend(A, w, b, kv0, kv1, hd); }
+static void attend_64(const Args *A, float *w, int b, int kv0, int kv1, int64_t c) {
+    attend(A, w, b, kv0, kv1, c, 64);
+}
+static void attend_128(const Args *A, float *w, int b, int kv0, int kv1, int64_t c) {
+    attend(A, w, b, kv0, kv1, c, 128);
+}
+static void attend_any(const Args *A, float *w, int b, int kv0, int kv1, int64_t c, int hd) {
+    attend(A, w, b, kv0, kv1, c, hd);
+}
 
 /* Whether row b's first page is its neighbour's: the rows of one sequence's draft (or of choices, or of a shared
  * prefix), whose pages the first of them brings into cache. The whole-row walk's extra reads only cost there: a
@@ -726,14 +794,42 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     if (!splitserve_decode_supported(head_dim, num_heads, num_kv_heads, page_size) || dtype < 0 || dtype > 2 ||
         kv_dtype < 0 || kv_dtype > 2)
         return -1;
+    /* Without the AVX-512 body a row's keys are split into up to MAX_CHUNKS chunks of whole pages, at least
+     * CHUNK_KEYS each, from its length alone (every batch alike, so a row's result does not depend on its batch),
+     * each chunk a task, the chunks merged after (merge_chunks): one row over 3 kv heads otherwise kept 2 threads
+     * busy two thirds of the time. Zen 1 (AVX2), 2 threads, SmolLM2's shapes, bfloat16, 30 layers of scattered
+     * pages, alternating with whole rows in one C harness: batch 1 at 512 and 1,024 tokens 1.37-1.49x, at 128
+     * level; batch 2 1.1x; batch 4-64 at 512-1,024 tokens 0.96-0.985x (each chunk's set-up, partial results and
+     * merge), at 128 level. Chunks of at least 128 keys and up to 4 measured best: unbounded chunks of 128, 0.92-0.96x
+     * at batch 4-16; up to 2 chunks, tasks of one kv head at batch 1 (1.2-1.25x there). */
+    const int64_t chunk = CHUNKED ? (CHUNK_KEYS + page_size - 1) / page_size * page_size : 0;
+    int64_t *chunk_base = malloc(sizeof(int64_t) * ((size_t)batch + 1)), *chunk_row = NULL;
+    float *partial = NULL;
+    if (!chunk_base) return -2;
+    chunk_base[0] = 0;
+    for (int b = 0; b < batch; b++) {
+        const int64_t len = kv_lens[b], n = chunk && len > chunk ? (len + chunk - 1) / chunk : 1;
+        chunk_base[b + 1] = chunk_base[b] + (n < MAX_CHUNKS ? n : MAX_CHUNKS); /* num_chunks */
+    }
+    const int64_t chunks = chunk_base[batch];
+    if (chunks > batch) { /* some rows have several chunks: their partial results, and each chunk's row */
+        partial = malloc(sizeof(float) * (size_t)chunks * num_heads * (head_dim + 2));
+        chunk_row = malloc(sizeof(int64_t) * (size_t)chunks);
+        if (!partial || !chunk_row) {
+            free(chunk_base), free(partial), free(chunk_row);
+            return -2;
+        }
+        for (int b = 0; b < batch; b++)
+            for (int64_t i = chunk_base[b]; i < chunk_base[b + 1]; i++) chunk_row[i] = b;
+    }
     const Args A = {q, k_cache, v_cache, out, page_table, kv_lens, extra_slots, extra_lens, num_heads,
                     num_heads / num_kv_heads, page_size, max_pages, max_extra, dtype, kv_dtype,
-                    (int64_t)num_kv_heads * head_dim, scale};
-    /* Enough sequences to share out: one task per sequence (its pages read as whole rows); otherwise split
-     * each sequence's kv heads into tasks of `per` heads, so small batches still keep every thread busy. */
+                    (int64_t)num_kv_heads * head_dim, scale, chunk, chunk_base, partial};
+    /* Enough chunks to share out: one task per chunk (its pages read as whole rows); otherwise split each
+     * chunk's kv heads into tasks of `per` heads, so small batches still keep every thread busy. */
     const int group = num_heads / num_kv_heads;
     int per = num_kv_heads;
-    while (per > 1 && ((int64_t)batch * (num_kv_heads / per) < 2 * (int64_t)num_threads || per * group > MAX_ROWS))
+    while (per > 1 && (chunks * (num_kv_heads / per) < 2 * (int64_t)num_threads || per * group > MAX_ROWS))
         per--;
     while (num_kv_heads % per) per--;
     const int tasks_per_seq = num_kv_heads / per;
@@ -754,18 +850,29 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
             failed = 1;
         }
 #pragma omp for schedule(static)
-        for (int64_t task = 0; task < (int64_t)batch * tasks_per_seq; task++) {
+        for (int64_t task = 0; task < chunks * tasks_per_seq; task++) {
             if (!scratch) continue;
-            const int b = (int)(task / tasks_per_seq), kv0 = (int)(task % tasks_per_seq) * per;
+            const int64_t ci = task / tasks_per_seq;
+            const int b = chunk_row ? (int)chunk_row[ci] : (int)ci, kv0 = (int)(task % tasks_per_seq) * per;
+            const int64_t c = ci - chunk_base[b];
             if (fast) {
                 const fast_fn body = shares_first_page(&A, b, batch) ? fast : fast_whole;
-                body((const void *)&A, scratch, b, kv0, kv0 + per);
+                body((const void *)&A, scratch, b, kv0, kv0 + per, c);
             }
-            else if (head_dim == 64) attend_64(&A, scratch, b, kv0, kv0 + per);
-            else if (head_dim == 128) attend_128(&A, scratch, b, kv0, kv0 + per);
-            else attend_any(&A, scratch, b, kv0, kv0 + per, head_dim);
+            else if (head_dim == 64) attend_64(&A, scratch, b, kv0, kv0 + per, c);
+            else if (head_dim == 128) attend_128(&A, scratch, b, kv0, kv0 + per, c);
+            else attend_any(&A, scratch, b, kv0, kv0 + per, c, head_dim);
+        }
+        if (partial) { /* after the tasks (the loop's barrier), in the same threads */
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < (int64_t)batch * num_heads; i++) {
+                const int b = (int)(i / num_heads);
+                if (scratch && chunk_base[b + 1] - chunk_base[b] > 1)
+                    merge_chunks(&A, b, (int)(i % num_heads), head_dim);
+            }
         }
         free(scratch);
     }
+    free(chunk_base), free(partial), free(chunk_row);
     return failed ? -2 : 0;
 }
