@@ -1,8 +1,9 @@
 /* Paged decode attention for CPUs: one query token per sequence, K/V read straight from the pages of the
  * pool (no gather copy), online softmax in float32 a page at a time. A task is one sequence with all its kv
  * heads (a page's rows are read whole, once, and the pages ahead are prefetched since pages are scattered), or,
- * when the batch is too small to keep every thread busy, one sequence's share of its kv heads. The query
- * heads that share a kv head are processed together. Parallel over tasks with OpenMP.
+ * when the batch is too small to keep every thread busy, one sequence's share of its kv heads; without the
+ * AVX-512 body, of one chunk of the sequence's keys (see splitserve_decode_attention). The query heads that share
+ * a kv head are processed together. Parallel over tasks with OpenMP.
  *
  * The task body is specialized for the common head dims (64, 128) so the compiler unrolls the dot products
  * and keeps an accumulator row in vector registers; other dims take the generic body. cpu_kernels.py compiles
