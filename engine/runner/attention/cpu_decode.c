@@ -115,10 +115,11 @@ typedef struct {
 
 /* A row's chunks of keys, from its length alone: with A->chunk, len / chunk rounded up, at most MAX_CHUNKS, at
  * least 1 (its draft path goes with its last) */
-static inline int64_t num_chunks(const Args *A, int64_t len) {
-    const int64_t n = A->chunk && len > A->chunk ? (len + A->chunk - 1) / A->chunk : 1;
+static inline int64_t chunks_of(int64_t chunk, int64_t len) {
+    const int64_t n = chunk && len > chunk ? (len + chunk - 1) / chunk : 1;
     return n < MAX_CHUNKS ? n : MAX_CHUNKS;
 }
+static inline int64_t num_chunks(const Args *A, int64_t len) { return chunks_of(A->chunk, len); }
 
 /* Keys in each of a row's chunks but its last: whole pages, the row's keys spread evenly over num_chunks */
 static inline int64_t chunk_keys(const Args *A, int64_t len) {
@@ -808,10 +809,7 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     float *partial = NULL;
     if (!chunk_base) return -2;
     chunk_base[0] = 0;
-    for (int b = 0; b < batch; b++) {
-        const int64_t len = kv_lens[b], n = chunk && len > chunk ? (len + chunk - 1) / chunk : 1;
-        chunk_base[b + 1] = chunk_base[b] + (n < MAX_CHUNKS ? n : MAX_CHUNKS); /* num_chunks */
-    }
+    for (int b = 0; b < batch; b++) chunk_base[b + 1] = chunk_base[b] + chunks_of(chunk, kv_lens[b]);
     const int64_t chunks = chunk_base[batch];
     if (chunks > batch) { /* some rows have several chunks: their partial results, and each chunk's row */
         partial = malloc(sizeof(float) * (size_t)chunks * num_heads * (head_dim + 2));
