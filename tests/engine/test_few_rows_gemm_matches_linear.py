@@ -154,8 +154,10 @@ def test_a_calibrated_layers_row_does_not_depend_on_its_batch() -> None:
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(3072, 576, generator=g), torch.randn(64, 576, generator=g)
     layer = FewRowsLinear(w, None, lib, rows=calibrate_rows(lib, [w], reps=1, passes=1))
+    if len(layer.rows) < 2:
+        pytest.skip("the kernel won at fewer than 2 row counts on this host: no batch of it to compare")
     alone = layer(x[:1])[0]
-    for m in range(2, max(layer.rows, default=1) + 1):
+    for m in range(2, max(layer.rows) + 1):
         assert torch.equal(layer(x[:m])[0], alone), f"{m} rows"
 
 
