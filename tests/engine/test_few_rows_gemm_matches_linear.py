@@ -24,6 +24,11 @@ from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
 pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native kernel")
+# where the kernel takes bfloat16 at every count (no AVX-512 BF16, so no fast bfloat16 GEMM behind F.linear): larger
+# counts may go to it, or widened to MKL's float32 GEMM
+bf16_everywhere = pytest.mark.skipif(lib is not None and max_rows(lib, torch.bfloat16) < MAX_ROWS,
+                                     reason="this CPU has AVX-512 BF16: the kernel takes a few bfloat16 rows and "
+                                            "oneDNN's packed GEMM the rest (no larger counts, no widening)")
 
 
 @pytest.mark.parametrize("n, k", [(960, 576), (49, 64), (7, 333), (130, 17), (3, 5)])
@@ -211,11 +216,10 @@ def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@bf16_everywhere
 def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the kernel takes MAX_ROWS in bfloat16 (no AVX-512 BF16, so no fast bfloat16 GEMM behind F.linear) and
-    won the most rows timed, a layer gives it every larger count too; otherwise those go to F.linear."""
-    if max_rows(lib, torch.bfloat16) < MAX_ROWS:
-        pytest.skip("with AVX-512 BF16 the kernel takes a few bfloat16 rows; oneDNN's packed GEMM takes the rest")
+    """Where the kernel takes MAX_ROWS in bfloat16 and won the most rows timed, a layer gives it every larger count
+    too; otherwise those go to F.linear."""
     g = torch.Generator().manual_seed(5)
     w = torch.randn(96, 64, generator=g).bfloat16()
     x = torch.randn(MAX_ROWS + 40, 64, generator=g).bfloat16()
@@ -230,6 +234,7 @@ def test_bfloat16_prefill_rows_go_to_the_kernel_where_it_takes_them_all(monkeypa
     assert torch.equal(got, torch.cat([few_rows_gemm(lib, x[i:i + 1], w, None) for i in range(len(x))]))
 
 
+@bf16_everywhere
 def test_bfloat16_chunks_of_widen_rows_go_to_float32_mkl_where_that_won(monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``widen`` (the host timed MKL on widened operands faster at WIDEN_ROWS), a chunk of that many rows or
     more is computed in float32 and rounded to bfloat16; fewer stay on the kernel."""
@@ -246,6 +251,7 @@ def test_bfloat16_chunks_of_widen_rows_go_to_float32_mkl_where_that_won(monkeypa
     assert torch.equal(got, F.linear(x.float(), w.float(), b.float()).bfloat16())
 
 
+@bf16_everywhere
 def test_the_widened_route_is_chosen_only_where_it_timed_faster(monkeypatch: pytest.MonkeyPatch) -> None:
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
     fast, slow = cpu_gemm.widened_linear, lambda *a: (time.sleep(0.01), fast(*a))[1]
