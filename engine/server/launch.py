@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -30,6 +31,8 @@ from engine.config import (
 )
 from engine.models.config import ModelLoadError
 from engine.server.http1 import JsonErrorsH11Protocol
+
+log = logging.getLogger(__name__)
 
 
 def engine_parser(prog: str, description: str, default_port: int) -> argparse.ArgumentParser:
@@ -105,12 +108,27 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def freeze_start_up_objects() -> int:
+    """Collects once, then moves every object still alive (the model's modules and tensors, the tokenizer, the
+    imported modules: ~260,000 objects for SmolLM2) into the collector's permanent generation, where its full
+    collections no longer walk them; returns how many were frozen. Why: a full collection walked them all, 112-117
+    ms in process on a Zen 4 host (2 cores), and one came in a served batch-64 decode step (148 ms on the engine
+    thread, inside a 261 ms step where its neighbours took 128-146: every stream's next token 148 ms late). Objects
+    made later are collected as before; start-up objects that become cyclic garbage later are not (as with
+    vLLM's and SGLang's freezing)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def run(app: FastAPI, cfg: ServerConfig, before_grace_ends: Callable[[], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests get ``shutdown_timeout`` seconds to finish."""
+    """Serve until SIGINT/SIGTERM; in-flight requests get ``shutdown_timeout`` seconds to finish. What start-up
+    left alive is frozen first (``freeze_start_up_objects``)."""
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                             http=JsonErrorsH11Protocol, h11_max_incomplete_event_size=cfg.max_header_size,
                             timeout_graceful_shutdown=max(1, int(cfg.shutdown_timeout)),
                             access_log=cfg.log_level == "debug")
     server = _Server(config)
     server.before_grace_ends = before_grace_ends
+    log.info("froze %d start-up objects out of the garbage collector's full collections", freeze_start_up_objects())
     server.run()
