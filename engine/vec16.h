@@ -81,6 +81,22 @@ static inline float hmax(v16 v) { /* a tree of halvings, as hsum16 (the maximum 
     }
 DEFINE_EXP_NONPOSITIVE(exp16, v16, v16i, pick)
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* exp(x) lanewise with EXP2_POLY, 2^n applied by VSCALEFPS (no integer round trip) and rounded to nearest, so any
+ * sign of x (the clamp at -87 keeps the result a normal float; large x overflows to inf) */
+static inline __m512 exp16_scalef(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    static const float c[] = EXP2_POLY;
+    __m512 p = _mm512_set1_ps(c[0]);
+    for (int i = 1; i < 7; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
 /* The target's own vector width, for loops whose vectors must live in registers: GCC keeps a 64-byte vector
  * type in registers only where AVX-512 gives it 64-byte registers and elsewhere holds every such value in memory,
  * loading and storing around each operation (a v16 loop on an AVX2-only Zen 1 host ran 3-8x slower than the same

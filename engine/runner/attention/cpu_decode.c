@@ -354,18 +354,6 @@ static inline __m512 load16(const void *base, int64_t idx, int kv_dtype) {
     return _mm512_cvtph_ps(h);
 }
 
-/* exp(x) for x <= 0, lanewise, with the polynomial of exp_nonpositive and the exponent applied by scalef */
-static inline __m512 exp16_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    static const float c[] = EXP2_POLY;
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int i = 1; i < 7; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* Lane t of the result is the sum of the 16 lanes of v[t]: pairs summed inside 128-bit lanes, then quads,
  * then across the four 128-bit lanes (45 shuffles and adds for 16 keys instead of a reduction per key). */
 static inline __m512 sum16x16(const __m512 *v) {
@@ -445,7 +433,7 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
             const float m_old = mh[g];
             const float blk = _mm512_mask_reduce_max_ps(valid, s);
             const float m = blk > m_old ? blk : m_old;
-            const __m512 p = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+            const __m512 p = _mm512_maskz_mov_ps(valid, exp16_scalef(_mm512_sub_ps(s, _mm512_set1_ps(m))));
             _mm512_storeu_ps(pw[g], p);
             if (m == m_old) { /* the max did not move: no correction (it would multiply by exactly 1) */
                 _mm512_storeu_ps(dh + g * 16, _mm512_add_ps(_mm512_loadu_ps(dh + g * 16), p));

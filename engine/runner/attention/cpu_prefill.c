@@ -4,12 +4,12 @@
  * BQ query positions (with the query heads that share the kv head); it walks the keys up to its last position
  * BK at a time, keeping scores, running max and denominators, and the output rows in float32 (online softmax).
  *
- * Per key block: K is converted to float32 and transposed (BK x BK lanes by shuffles) into [D][BK], so a query
- * row's BK scores are D broadcast-FMAs into one vector (no horizontal sums), RB query rows sharing each K load,
- * two FMA chains per row; the weights then multiply the block's V rows (converted once) into the output rows,
+ * Per key block: K is converted to float32 and transposed (VK x VK lanes at a time by shuffles) into [D][BK], so
+ * a query row's BK scores are D broadcast-FMAs into two vectors (no horizontal sums), RB query rows sharing each
+ * K load, two FMA chains per row; the weights then multiply the block's V rows (converted once) into the output rows,
  * RB rows x PVW vectors at a time. Written with GCC vector extensions in the target's width (vec16.h's vk): a
- * block is 16 keys, with AVX-512 one vector of scores per row and RB 8 rows; otherwise two vectors of 8 and 4
- * rows, for 16 registers of 8 floats (on 16-float vectors GCC kept every value in memory there: an AVX2-only Zen
+ * block is two vectors of keys, with AVX-512 32 keys and RB 8 rows; otherwise 16 keys and 4 rows, for 16
+ * registers of 8 floats (on 16-float vectors GCC kept every value in memory there: an AVX2-only Zen
  * 1 host ran 4 x 512 tokens of SmolLM2's heads in 229 ms a layer, 5 GFLOP/s, and 37 ms on 8 floats, SDPA 52; RB
  * 2, 6 or 8 and PVW 3 or 4 level within 10%). Two vectors of 8 keys there, not one: each broadcast of q serves
  * two FMAs (AVX2 has no broadcast operand), and a block's softmax bookkeeping (the max, the correction, the
@@ -33,6 +33,14 @@
  * the running max by a shuffle tree (it was 15 scalar compares), its correction factor's exp only when the max
  * moved, and the denominators kept lanewise (one sum at the end, not one per block): float32 5.95 -> 4.99 ms a
  * layer (203 -> 243 GFLOP/s), bfloat16 4.81 -> 3.93 (252 -> 308).
+ * On a Zen 4 host (AVX-512 on 256-bit units: half those rates, bfloat16 7.5 ms a layer, 160 GFLOP/s) `perf`
+ * put a third of task_bf16 in the softmax, latency-bound: one row's exp polynomial, max tree and rescaling
+ * branch after another, and an integer division (r / G) per row and block. With AVX-512 a block is now 32 keys
+ * (each q broadcast serves two products, the bookkeeping and the output's reload per 32 keys, two exp chains per
+ * row), exp applies 2^n by VSCALEFPS, lanes past a row's last key are mask registers, r / G is divided once per
+ * task, and the running max moves only when a block passes it by more than LAZY_MAX (so rescaling, and its
+ * unpredictable branch, become rare): bfloat16 7.46 -> 4.82 ms a layer (162 -> 251 GFLOP/s, 1.55x), float32
+ * 9.62 -> 8.10 (1.19x); AVX2 code from the same source (-march=x86-64-v3 on that host) 1.04x, bit-identical.
  *
  * Layout: q/out rows [T, heads, D] (heads and D contiguous, rows `q_stride`/`out_stride` elements apart, so q
  * may be a view of the fused projection); k_cache/v_cache [slots, kv_heads, D]; per sequence: its first row in
@@ -46,7 +54,7 @@
 #include "vec16.h"
 
 #define BQ 32 /* query positions per task */
-#define BK 16 /* keys per block: one vector of scores per row with AVX-512, two of 8 floats elsewhere */
+#define BK (2 * VK) /* keys per block: two vectors of scores per row */
 #define NB (BK / VK) /* score vectors per row and block */
 _Static_assert(NB == 1 || NB == 2, "the score loops take one or two vectors of keys");
 #define PVW 2 /* output vectors per row held in registers while the weights multiply V */
@@ -121,10 +129,37 @@ static inline void transposek(vk *r) {
 #endif
 #undef SWAP_ROUND
 
+#ifdef __AVX512F__
+/* any sign of x: the running max below may trail a row's scores by up to LAZY_MAX */
+static inline vk exp_softmax(vk v) { return (vk)exp16_scalef((__m512)v); }
+/* The running max moves only when a block's max passes it by more than this (weights up to e^8 ~ 3,000, well
+ * inside float32), so after a row's first blocks its rescaling and that branch are rare. */
+#define LAZY_MAX 8.f
+#else
+#define exp_softmax expk /* for x <= 0 only: the running max is exact */
+#define LAZY_MAX 0.f
+#endif
+
 /* One row's online-softmax step over a block of NB vectors of scores, replaced by the weights (zero from key
- * `lim` on) against the new running max; the denominator updated, the row's output so far rescaled when the max
- * moved. */
-static inline void softmax_block(vk *score, int64_t lim, float *mx, float *den, float *orow, int D) {
+ * `lim` on) against the running max; the denominator updated, the row's output so far rescaled when the max
+ * moved. With AVX-512 the lanes past `lim` are mask registers (the vector-extension form below spent 20% more
+ * of a bfloat16 prefill's attention on the same steps). */
+static inline __attribute__((always_inline)) void softmax_block(vk *score, int64_t lim, float *mx, float *den,
+                                                               float *orow, int D) {
+#ifdef __AVX512F__
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __mmask16 seen[NB];
+    __m512 top = _mm512_set1_ps(-1e30f);
+    for (int c = 0; c < NB; c++) {
+        seen[c] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(VK * c)),
+                                          _mm512_set1_epi32((int)lim));
+        top = _mm512_mask_max_ps(top, seen[c], top, (__m512)score[c]);
+    }
+    const float m_old = *mx, m = _mm512_reduce_max_ps(top);
+    const float m_new = m > m_old + LAZY_MAX ? m : m_old;
+    for (int c = 0; c < NB; c++)
+        score[c] = (vk)_mm512_maskz_mov_ps(seen[c], (__m512)exp_softmax(score[c] - m_new));
+#else
     vki lane;
     for (int i = 0; i < VK; i++) lane[i] = i;
     vk top = pickk(lane < (int32_t)lim, score[0], (vk){0} - 1e30f);
@@ -133,15 +168,20 @@ static inline void softmax_block(vk *score, int64_t lim, float *mx, float *den, 
         top = pickk(s > top, s, top);
     }
     const float m_old = *mx, m = hmaxk(top);
-    const float m_new = m > m_old ? m : m_old;
-    for (int c = 0; c < NB; c++) score[c] = pickk(lane + VK * c < (int32_t)lim, expk(score[c] - m_new), (vk){0});
-    const float f = m_new > m_old ? expk((vk){0} + (m_old - m_new))[0] : 1.f; /* expk(0) is 1 exactly */
-    vk d = loadk(den) * f + score[0]; /* lanewise: summed once, at the end */
+    const float m_new = m > m_old + LAZY_MAX ? m : m_old;
+    for (int c = 0; c < NB; c++)
+        score[c] = pickk(lane + VK * c < (int32_t)lim, exp_softmax(score[c] - m_new), (vk){0});
+#endif
+    vk d = score[0]; /* lanewise: summed once, at the end */
     for (int c = 1; c < NB; c++) d += score[c];
-    storek(den, d);
     *mx = m_new;
-    if (f != 1.f)
+    if (m_new > m_old) {
+        const float f = exp_softmax((vk){0} + (m_old - m_new))[0];
+        storek(den, loadk(den) * f + d);
         for (int jj = 0; jj < D / VK; jj++) storek(orow + VK * jj, loadk(orow + VK * jj) * f);
+    } else {
+        storek(den, loadk(den) + d);
+    }
 }
 
 /* Scratch floats per thread: query rows and output rows (padded to RB rows), K transposed, V, max, denominator
@@ -161,8 +201,10 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
     float *mx = vb + BK * D, *den = mx + padded;
     const int64_t *pages = A->page_table + s * A->max_pages;
     /* row r = i * G + g: position i0 + i, query head h * G + g */
+    int32_t at[BQ * MAX_GROUP]; /* i = r / G, divided once */
     for (int r = 0; r < padded; r++) {
         float *qr = qs + (int64_t)r * D;
+        at[r] = r / G;
         if (r < rows) {
             const int64_t idx = (first + i0 + r / G) * A->q_stride + ((int64_t)h * G + r % G) * D;
             for (int j = 0; j < DV; j++) storek(qr + VK * j, loadk_any(A->q, idx + VK * j, A->dtype) * A->scale);
@@ -225,7 +267,7 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
             float w[RB][BK];
             for (int j = 0; j < RB; j++) {
                 const int r = r0 + j;
-                const int64_t pos = prefix + i0 + r / G;
+                const int64_t pos = prefix + i0 + at[r];
                 const int64_t lim = r < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0; /* keys this row sees */
                 if (lim <= 0) {
                     memset(w[j], 0, sizeof w[j]);
@@ -262,7 +304,6 @@ static void task_128(const Args *A, float *w, int64_t s, int h, int64_t i0) { ta
 static void task_any(const Args *A, float *w, int64_t s, int h, int64_t i0, int D) { task(A, w, s, h, i0, D); }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define HAVE_BF16_TASK 1
 typedef uint16_t h32u __attribute__((vector_size(64)));
 
@@ -277,15 +318,17 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
     const int G = A->group, ps = A->page_size, DW = D / 2;
     const int64_t q_len = A->q_lens[s], prefix = A->kv_lens[s] - q_len, first = A->q_starts[s];
     const int ni = (int)(q_len - i0 < BQ ? q_len - i0 : BQ), rows = ni * G, padded = (rows + RB - 1) / RB * RB;
-    uint32_t *qp = (uint32_t *)scr;                      /* [padded][DW] pairs of q * scale */
-    float *o = scr + (int64_t)padded * DW;               /* [padded][D] */
+    uint32_t *qp = (uint32_t *)scr;                        /* [padded][DW] pairs of q * scale */
+    float *o = scr + (int64_t)padded * DW;                 /* [padded][D] */
     uint32_t *ktp = (uint32_t *)(o + (int64_t)padded * D); /* [DW][BK] K pairs, transposed */
-    uint32_t *vp = ktp + DW * BK;                        /* [BK / 2][D] V pairs of two keys */
+    uint32_t *vp = ktp + DW * BK;                          /* [BK / 2][D] V pairs of two keys */
     float *mx = (float *)(vp + BK / 2 * D), *den = mx + padded;
     const int64_t *pages = A->page_table + s * A->max_pages;
     const uint16_t *kc = A->k_cache, *vc = A->v_cache;
+    int32_t at[BQ * MAX_GROUP]; /* r / G, divided once */
     for (int r = 0; r < padded; r++) {
         uint16_t *qr = (uint16_t *)(qp + (int64_t)r * DW);
+        at[r] = r / G;
         if (r < rows) {
             const uint16_t *src = (const uint16_t *)A->q + (first + i0 + r / G) * A->q_stride +
                                   ((int64_t)h * G + r % G) * D;
@@ -314,12 +357,13 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
             for (int j = 0; j < DW / 16; j++) memcpy(&kr[t][j], kc + idx + 32 * j, 64);
             vrow[t] = vc + idx;
         }
-        for (int j = 0; j < DW / 16; j++) {
-            v16 r[BK];
-            for (int t = 0; t < BK; t++) r[t] = kr[t][j];
-            transpose16(r);
-            for (int i = 0; i < 16; i++) memcpy(ktp + (16 * j + i) * BK, &r[i], 64);
-        }
+        for (int half = 0; half < BK / 16; half++)
+            for (int j = 0; j < DW / 16; j++) {
+                v16 r[16];
+                for (int t = 0; t < 16; t++) r[t] = kr[16 * half + t][j];
+                transpose16(r);
+                for (int i = 0; i < 16; i++) memcpy(ktp + (16 * j + i) * BK + 16 * half, &r[i], 64);
+            }
         for (int tp = 0; tp < BK / 2; tp++)
             for (int d0 = 0; d0 < D; d0 += 32) {
                 h32u a, b;
@@ -336,30 +380,29 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
             }
         const int64_t unseen = kb - prefix - i0 > 0 ? (kb - prefix - i0) * G : 0;
         for (int r0 = (int)(unseen / RB * RB); r0 < rows; r0 += RB) {
-            __m512 sc[RB], sc2[RB];
-            for (int j = 0; j < RB; j++) sc[j] = sc2[j] = _mm512_setzero_ps();
-            for (int d = 0; d < DW; d += 2) {
+            __m512 sc[RB][2]; /* keys 0-15 and 16-31 of the block: each broadcast of a q pair serves both */
+            for (int j = 0; j < RB; j++) sc[j][0] = sc[j][1] = _mm512_setzero_ps();
+            for (int d = 0; d < DW; d++) {
                 const __m512bh k = (__m512bh)_mm512_loadu_si512(ktp + d * BK);
-                const __m512bh k2 = (__m512bh)_mm512_loadu_si512(ktp + (d + 1) * BK);
+                const __m512bh k2 = (__m512bh)_mm512_loadu_si512(ktp + d * BK + 16);
                 for (int j = 0; j < RB; j++) {
-                    const uint32_t *q = qp + (int64_t)(r0 + j) * DW + d;
-                    sc[j] = _mm512_dpbf16_ps(sc[j], (__m512bh)_mm512_set1_epi32((int)q[0]), k);
-                    sc2[j] = _mm512_dpbf16_ps(sc2[j], (__m512bh)_mm512_set1_epi32((int)q[1]), k2);
+                    const __m512bh q = (__m512bh)_mm512_set1_epi32((int)qp[(int64_t)(r0 + j) * DW + d]);
+                    sc[j][0] = _mm512_dpbf16_ps(sc[j][0], q, k);
+                    sc[j][1] = _mm512_dpbf16_ps(sc[j][1], q, k2);
                 }
             }
             uint32_t wp[RB][BK / 2];
             for (int j = 0; j < RB; j++) {
                 const int r = r0 + j;
-                const v16 score = (v16)_mm512_add_ps(sc[j], sc2[j]);
-                const int64_t pos = prefix + i0 + r / G;
+                const int64_t pos = prefix + i0 + at[r];
                 const int64_t lim = r < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0;
                 if (lim <= 0) {
                     memset(wp[j], 0, sizeof wp[j]);
                     continue;
                 }
-                vk p = score;
-                softmax_block(&p, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
-                const __m256bh pb = _mm512_cvtneps_pbh((__m512)p);
+                vk p[2] = {(vk)sc[j][0], (vk)sc[j][1]};
+                softmax_block(p, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
+                const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)p[1], (__m512)p[0]);
                 memcpy(wp[j], &pb, sizeof wp[j]);
             }
             const int npairs = (nk + 1) / 2;
