@@ -55,8 +55,7 @@
 
 #define BQ 32 /* query positions per task */
 #define BK (2 * VK) /* keys per block: two vectors of scores per row */
-#define NB (BK / VK) /* score vectors per row and block */
-_Static_assert(NB == 1 || NB == 2, "the score loops take one or two vectors of keys");
+#define NB 2 /* score vectors per row and block */
 #define PVW 2 /* output vectors per row held in registers while the weights multiply V */
 #ifdef __AVX512F__
 #define RB 8 /* query rows sharing each load */
@@ -142,24 +141,9 @@ static inline vk exp_softmax(vk v) { return (vk)exp16_scalef((__m512)v); }
 
 /* One row's online-softmax step over a block of NB vectors of scores, replaced by the weights (zero from key
  * `lim` on) against the running max; the denominator updated, the row's output so far rescaled when the max
- * moved. With AVX-512 the lanes past `lim` are mask registers (the vector-extension form below spent 20% more
- * of a bfloat16 prefill's attention on the same steps). */
+ * moved. (softmax_rows does the same for RB rows at once with AVX-512.) */
 static inline __attribute__((always_inline)) void softmax_block(vk *score, int64_t lim, float *mx, float *den,
                                                                float *orow, int D) {
-#ifdef __AVX512F__
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    __mmask16 seen[NB];
-    __m512 top = _mm512_set1_ps(-1e30f);
-    for (int c = 0; c < NB; c++) {
-        seen[c] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(VK * c)),
-                                          _mm512_set1_epi32((int)lim));
-        top = _mm512_mask_max_ps(top, seen[c], top, (__m512)score[c]);
-    }
-    const float m_old = *mx, m = _mm512_reduce_max_ps(top);
-    const float m_new = m > m_old + LAZY_MAX ? m : m_old;
-    for (int c = 0; c < NB; c++)
-        score[c] = (vk)_mm512_maskz_mov_ps(seen[c], (__m512)exp_softmax(score[c] - m_new));
-#else
     vki lane;
     for (int i = 0; i < VK; i++) lane[i] = i;
     vk top = pickk(lane < (int32_t)lim, score[0], (vk){0} - 1e30f);
@@ -171,7 +155,6 @@ static inline __attribute__((always_inline)) void softmax_block(vk *score, int64
     const float m_new = m > m_old + LAZY_MAX ? m : m_old;
     for (int c = 0; c < NB; c++)
         score[c] = pickk(lane + VK * c < (int32_t)lim, exp_softmax(score[c] - m_new), (vk){0});
-#endif
     vk d = score[0]; /* lanewise: summed once, at the end */
     for (int c = 1; c < NB; c++) d += score[c];
     *mx = m_new;
@@ -183,6 +166,46 @@ static inline __attribute__((always_inline)) void softmax_block(vk *score, int64
         storek(den, loadk(den) + d);
     }
 }
+
+#ifdef __AVX512F__
+/* softmax_block for RB rows at once with AVX-512, their scores replaced by their weights (zero past each row's
+ * `lim` keys; all zero, state untouched, where it is 0), step by step across the rows (their maxima, then every
+ * exp, then the running sums), so the rows' chains interleave (row after row, each exp waited on its max tree and
+ * scalar compare: 1.03-1.05x in bfloat16), with the lanes past `lim` in mask registers (the vector-extension
+ * form spent 20% more of a bfloat16 prefill's attention on the same steps). The AVX2 build keeps softmax_block
+ * row by row (through this, 0.94x there). */
+static inline __attribute__((always_inline)) void softmax_rows(vk sc[RB][NB], const int64_t *lim, float *mx,
+                                                              float *den, float *o, int D) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __mmask16 seen[RB][NB];
+    float m_new[RB];
+    for (int j = 0; j < RB; j++) {
+        __m512 top = _mm512_set1_ps(-1e30f);
+        for (int c = 0; c < NB; c++) {
+            seen[j][c] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(VK * c)),
+                                                 _mm512_set1_epi32((int)lim[j]));
+            top = _mm512_mask_max_ps(top, seen[j][c], top, (__m512)sc[j][c]);
+        }
+        const float m = _mm512_reduce_max_ps(top);
+        m_new[j] = lim[j] > 0 && m > mx[j] + LAZY_MAX ? m : mx[j];
+    }
+    for (int j = 0; j < RB; j++)
+        for (int c = 0; c < NB; c++)
+            sc[j][c] = (vk)_mm512_maskz_mov_ps(seen[j][c], (__m512)exp_softmax(sc[j][c] - m_new[j]));
+    for (int j = 0; j < RB; j++) {
+        const vk d = sc[j][0] + sc[j][1];
+        if (m_new[j] > mx[j]) {
+            const float f = exp_softmax((vk){0} + (mx[j] - m_new[j]))[0];
+            storek(den + VK * j, loadk(den + VK * j) * f + d);
+            for (int jj = 0; jj < D / VK; jj++)
+                storek(o + (int64_t)j * D + VK * jj, loadk(o + (int64_t)j * D + VK * jj) * f);
+            mx[j] = m_new[j];
+        } else {
+            storek(den + VK * j, loadk(den + VK * j) + d);
+        }
+    }
+}
+#endif
 
 /* Scratch floats per thread: query rows and output rows (padded to RB rows), K transposed, V, max, denominator
  * (VK lanes per row) */
@@ -241,41 +264,38 @@ static inline __attribute__((always_inline)) void task(const Args *A, float *scr
         /* rows before the block's first key's position see none of it (row order is position order) */
         const int64_t unseen = kb - prefix - i0 > 0 ? (kb - prefix - i0) * G : 0;
         for (int r0 = (int)(unseen / RB * RB); r0 < rows; r0 += RB) {
-            /* two chains per row, so the FMAs do not wait on each other: with one vector of scores, even and odd
-             * dims; with two, one vector each (each broadcast of q then serves two FMAs) */
-            vk sc[RB][2];
+            /* a row's two vectors of scores are two FMA chains, and each broadcast of q serves both */
+            vk sc[RB][NB];
             for (int j = 0; j < RB; j++) sc[j][0] = sc[j][1] = (vk){0};
-            if (NB == 1) {
-                for (int d = 0; d < D; d += 2) {
-                    const vk k = loadk(kt + d * BK), k2 = loadk(kt + (d + 1) * BK);
-                    for (int j = 0; j < RB; j++) {
-                        sc[j][0] += qs[(int64_t)(r0 + j) * D + d] * k;
-                        sc[j][1] += qs[(int64_t)(r0 + j) * D + d + 1] * k2;
-                    }
-                }
-                for (int j = 0; j < RB; j++) sc[j][0] += sc[j][1];
-            } else {
-                for (int d = 0; d < D; d++) {
-                    const vk k = loadk(kt + d * BK), k2 = loadk(kt + d * BK + VK);
-                    for (int j = 0; j < RB; j++) {
-                        const float qd = qs[(int64_t)(r0 + j) * D + d];
-                        sc[j][0] += qd * k;
-                        sc[j][1] += qd * k2;
-                    }
+            for (int d = 0; d < D; d++) {
+                const vk k = loadk(kt + d * BK), k2 = loadk(kt + d * BK + VK);
+                for (int j = 0; j < RB; j++) {
+                    const float qd = qs[(int64_t)(r0 + j) * D + d];
+                    sc[j][0] += qd * k;
+                    sc[j][1] += qd * k2;
                 }
             }
+            int64_t lim[RB]; /* keys each row sees */
+            for (int j = 0; j < RB; j++) {
+                const int64_t pos = prefix + i0 + at[r0 + j];
+                lim[j] = r0 + j < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0;
+            }
             float w[RB][BK];
+#ifdef __AVX512F__
+            softmax_rows(sc, lim, mx + r0, den + VK * r0, o + (int64_t)r0 * D, D);
+            for (int j = 0; j < RB; j++)
+                for (int c = 0; c < NB; c++) storek(w[j] + VK * c, sc[j][c]);
+#else
             for (int j = 0; j < RB; j++) {
                 const int r = r0 + j;
-                const int64_t pos = prefix + i0 + at[r];
-                const int64_t lim = r < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0; /* keys this row sees */
-                if (lim <= 0) {
+                if (lim[j] <= 0) {
                     memset(w[j], 0, sizeof w[j]);
                     continue;
                 }
-                softmax_block(sc[j], lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
+                softmax_block(sc[j], lim[j], mx + r, den + VK * r, o + (int64_t)r * D, D);
                 for (int c = 0; c < NB; c++) storek(w[j] + VK * c, sc[j][c]);
             }
+#endif
             for (int d0 = 0; d0 < D; d0 += VK * PVW) { /* RB rows x PVW vectors of output in registers */
                 vk acc[RB][PVW];
                 const int nv = (D - d0) / VK < PVW ? (D - d0) / VK : PVW;
@@ -391,18 +411,18 @@ static inline __attribute__((always_inline)) void task_bf16(const Args *A, float
                     sc[j][1] = _mm512_dpbf16_ps(sc[j][1], q, k2);
                 }
             }
+            int64_t lim[RB];
+            vk p[RB][NB];
+            for (int j = 0; j < RB; j++) {
+                const int64_t pos = prefix + i0 + at[r0 + j];
+                lim[j] = r0 + j < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0;
+                p[j][0] = (vk)sc[j][0];
+                p[j][1] = (vk)sc[j][1];
+            }
+            softmax_rows(p, lim, mx + r0, den + VK * r0, o + (int64_t)r0 * D, D);
             uint32_t wp[RB][BK / 2];
             for (int j = 0; j < RB; j++) {
-                const int r = r0 + j;
-                const int64_t pos = prefix + i0 + at[r];
-                const int64_t lim = r < rows ? (pos - kb + 1 < nk ? pos - kb + 1 : nk) : 0;
-                if (lim <= 0) {
-                    memset(wp[j], 0, sizeof wp[j]);
-                    continue;
-                }
-                vk p[2] = {(vk)sc[j][0], (vk)sc[j][1]};
-                softmax_block(p, lim, mx + r, den + VK * r, o + (int64_t)r * D, D);
-                const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)p[1], (__m512)p[0]);
+                const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)p[j][1], (__m512)p[j][0]);
                 memcpy(wp[j], &pb, sizeof wp[j]);
             }
             const int npairs = (nk + 1) / 2;
