@@ -54,6 +54,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ENGINES: dict[str, str | None] = {"ours": None, "vllm": "auto", "vllm_allcores": "all", "base": None}
 # (row name, phase, key in the client's result JSON); lower is better for all
 ROWS = [("batch 1: TPOT ms", "b1", "mean_tpot_ms"), ("batch 1: TTFT ms", "b1", "mean_ttft_ms"),
+        ("batch 1: median TTFT ms", "b1", "median_ttft_ms"),
         ("batch 64: whole job s", "b64", "duration"), ("batch 64: mean TTFT ms", "b64", "mean_ttft_ms"),
         ("batch 1: TPOT / weight-read floor", "b1", "tpot_over_floor"),
         ("batch 64: TPOT ms", "b64", "mean_tpot_ms"), ("start-up until /health s", "start", "ready_s"),
@@ -102,13 +103,14 @@ def client(args: argparse.Namespace, url: str, prompts: int, in_len: int, out_le
         cmd = [str(REPO / args.vllm_venv / "bin" / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
                "--model", NAME, "--tokenizer", str(args.hf_model), "--dataset-name", "random", "--ignore-eos",
                "--random-input-len", str(in_len), "--random-output-len", str(out_len), "--num-prompts", str(prompts),
-               "--seed", "0", "--save-result", "--result-dir", d, "--result-filename", "r.json"]
+               "--seed", "0", "--save-result", "--save-detailed", "--result-dir", d, "--result-filename", "r.json"]
         if concurrency:
             cmd += ["--max-concurrency", str(concurrency)]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **vllm_env()})
         if run.returncode != 0:
             raise RuntimeError(f"vllm bench serve failed ({run.returncode}): {run.stderr[-2000:]}")
         result = json.loads((Path(d) / "r.json").read_text())
+    result.pop("generated_texts", None)  # kept: each request's ttft, itls and latency (a slow first one, say)
     if result.get("completed") != prompts:
         raise RuntimeError(f"{url}: {result.get('completed')} of {prompts} requests completed: "
                            f"{result.get('errors', [])[:3]}")
