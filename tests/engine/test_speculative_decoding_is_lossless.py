@@ -181,6 +181,7 @@ def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, 
 
 
 @pytest.mark.parametrize("drafter", ["oracle", "random", "tree"])
+@pytest.mark.usefixtures("float32_rows_on_the_kernel")
 def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_dir: Path, drafter: str) -> None:
     """A regex-constrained batch (the grammar completes inside verified runs; ignore_eos, so only the grammar
     ends them) gives the same text with drafts: oracle drafts pass the grammar and are all accepted, random ones
@@ -206,7 +207,7 @@ def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_di
 
     want = batch(make_core(tiny_model_dir, jump_forward=False))
     assert all(re.fullmatch(WORDS, r.detok.text) and r.finish_reason == "stop" for r in want)
-    core = make_core(tiny_model_dir, jump_forward=False, speculative=NGRAM,
+    core = make_core(tiny_model_dir, jump_forward=False, speculative=drafting_always(NGRAM),
                      drafter=drafter_for(drafter, want) if drafter != "random" else RandomDrafter(4000, seed=2))
     got = batch(core)
     assert [(r.output_ids, r.detok.text, r.finish_reason) for r in got] == [
