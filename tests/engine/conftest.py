@@ -21,8 +21,8 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model()
 
 
-@pytest.fixture
-def float32_rows_on_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def float32_rows_on_the_kernel() -> Iterator[None]:
     """Float32 layers give rows 1-64 to the few-rows kernel whatever this host's calibration says. It times the
     kernel against MKL once per host and kernel build, and the answer moves with the host's load (the same Zen 4
     host: 1-64 for one build, 1-31 for the next); a row's result does not depend on its batch only within the
@@ -35,7 +35,9 @@ def float32_rows_on_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
         rows = measured(key, measure, file)
         kernel = key.split("kernel=", 1)[-1].split(" ", 1)[0]
         return frozenset(range(1, 65)) if kernel.startswith("few_rows_gemm") and "bf16" not in kernel else rows
-    monkeypatch.setattr(row_calibration, "cached_rows", pinned)
+    with pytest.MonkeyPatch.context() as mp:  # module-wide, so a module's reference cores are pinned too
+        mp.setattr(row_calibration, "cached_rows", pinned)
+        yield
 
 
 def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 8192, chunk: int = 512,

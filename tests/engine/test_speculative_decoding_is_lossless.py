@@ -19,6 +19,9 @@ from engine.sampling_params import SamplingParams
 from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, TreeDrafter, drafting_always
 from tests.engine.conftest import make_core
 
+# verification steps of up to 8 x 5 rows: every one on the batch-invariant kernel, whatever this host's
+# calibration says (tests/engine/conftest.py)
+pytestmark = pytest.mark.usefixtures("float32_rows_on_the_kernel")
 K = 4
 # the seeded requests' temperature: the random tiny model repeats itself rarely when sampled (at 0.3, 0-8 drafts
 # over the 8 requests, depending on the seeds), more often at 0.1 (12-22), so the n-gram drafter has drafts to verify
@@ -68,7 +71,7 @@ def outcome(reqs: list[Request]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> dict[float, list[Request]]:
+def reference(tiny_model_dir: Path, float32_rows_on_the_kernel: None) -> dict[float, list[Request]]:
     ps = prompts(8)
     return {t: run(make_core(tiny_model_dir), ps, [params(i, t) for i in range(8)]) for t in (0.0, SEEDED_T)}
 
@@ -181,7 +184,6 @@ def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir: Path, 
 
 
 @pytest.mark.parametrize("drafter", ["oracle", "random", "tree"])
-@pytest.mark.usefixtures("float32_rows_on_the_kernel")
 def test_constrained_requests_draft_only_what_their_grammar_allows(tiny_model_dir: Path, drafter: str) -> None:
     """A regex-constrained batch (the grammar completes inside verified runs; ignore_eos, so only the grammar
     ends them) gives the same text with drafts: oracle drafts pass the grammar and are all accepted, random ones
