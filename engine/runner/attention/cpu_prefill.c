@@ -171,7 +171,7 @@ static inline __attribute__((always_inline)) void softmax_block(vk *score, int64
 /* softmax_block for RB rows at once with AVX-512, their scores replaced by their weights (zero past each row's
  * `lim` keys; all zero, state untouched, where it is 0), step by step across the rows (their maxima, then every
  * exp, then the running sums), so the rows' chains interleave (row after row, each exp waited on its max tree and
- * scalar compare: 1.03-1.05x in bfloat16), with the lanes past `lim` in mask registers (the vector-extension
+ * scalar compare: 1.03-1.06x in bfloat16), with the lanes past `lim` in mask registers (the vector-extension
  * form spent 20% more of a bfloat16 prefill's attention on the same steps). The AVX2 build keeps softmax_block
  * row by row (through this, 0.94x there). */
 static inline __attribute__((always_inline)) void softmax_rows(vk sc[RB][NB], const int64_t *lim, float *mx,
