@@ -30,10 +30,7 @@ def mlp_rows(core) -> list[list[int]]:  # noqa: ANN001 - an EngineCore
 def generate(core, prompts: list[list[int]]) -> list[list[int]]:  # noqa: ANN001
     params = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     reqs = [core.make_request(p, params, detokenize=False) for p in prompts]
-    for r in reqs:
-        core.add_request(r)
-    while any(not r.finished for r in reqs):
-        core.step()
+    core.run_to_completion(reqs)
     return [r.output_ids for r in reqs]
 
 
