@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
+from engine.mem import huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ def few_rows_kernel() -> ctypes.CDLL | None:
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
         lib.splitserve_few_rows_bf16_max.restype = ctypes.c_int
+        lib.splitserve_pair_gemm_bf16.restype = ctypes.c_int
+        lib.splitserve_pair_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.splitserve_pair_rows_max.restype = ctypes.c_int
     return lib
 
 
@@ -97,6 +101,42 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
                 weight.shape[0], weight.shape[1], torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"few-rows GEMM refused the shapes {tuple(x.shape)} x {tuple(weight.shape)}")
+    return y
+
+
+def pair_rows_max(lib: ctypes.CDLL) -> int:
+    """The most rows the pair GEMM takes: 0 where it has none (no AVX-512 BF16, or an older kernel library)."""
+    return lib.splitserve_pair_rows_max() if hasattr(lib, "splitserve_pair_rows_max") else 0
+
+
+def pair_pack(weight: torch.Tensor, consume: bool = False) -> torch.Tensor:
+    """A bfloat16 ``weight`` [n, k] (k even) in the pair GEMM's layout: blocks of 16 output rows (zeros past n),
+    each [k / 2][16][2], back to back: flat, ceil(n / 16) * 16 * k elements. ``consume``: the caller hands the
+    weight over, so where the layout takes as many bytes (n a multiple of 16) it is written over the weight's own
+    memory (a loaded model's weights are in huge pages: mem/huge_pages.py); new memory is asked huge pages too."""
+    n, k = weight.shape
+    assert weight.dtype == torch.bfloat16 and k % 2 == 0, (weight.dtype, k)
+    blocks = -(-n // 16)
+    padded = F.pad(weight.detach(), (0, 0, 0, blocks * 16 - n))
+    packed = padded.view(blocks, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous().view(-1)
+    if consume and weight.is_contiguous() and packed.numel() == weight.numel():
+        out = weight.detach().view(-1)
+    else:
+        out = torch.empty_like(packed)
+        huge_pages.advise(out)
+    return out.copy_(packed)
+
+
+def pair_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for bfloat16 CPU rows ``x`` (at most ``pair_rows_max``) and ``packed`` =
+    ``pair_pack(weight)``, ``weight`` having ``n`` rows."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    rc = lib.splitserve_pair_gemm_bf16(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                                       y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"pair GEMM refused the shapes {tuple(x.shape)} x ({n}, {x.shape[1]})")
     return y
 
 

@@ -348,6 +348,87 @@ int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const ui
 
 /* the most rows splitserve_few_rows_gemm_bf16 takes */
 int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS_BF16; }
+
+/* The pair GEMM: bfloat16 weights kept in a layout of their own (cpu_gemm.pair_pack), so that a vector holds 16
+ * outputs' weights for two consecutive k: block b (outputs 16b to 16b + 15, zero rows past n) is [k / 2][16][2],
+ * the blocks back to back. A step of k takes each x row's pair (k, k + 1) broadcast to every lane and one
+ * VDPBF16PS per block, so the sums build up lane by lane along K, with no horizontal sum at the end, and a tile of
+ * PAIR_ROWS x rows against PAIR_VECS blocks keeps 24 accumulators in registers: 3 weight loads and 8 broadcasts
+ * for 24 products of 32 elements. Every output is one accumulator run over k from 0 to the end in the same order,
+ * whatever the tile or the row count, so a row's result does not depend on its batch here either (though not the
+ * same bits as the row-by-row loop above, which sums a row in 16 lanes along K and then a tree). */
+#define PAIR_ROWS 8 /* x rows per tile at most */
+#define PAIR_VECS 3 /* blocks of 16 outputs per tile */
+#define PAIR_MAX_ROWS MAX_ROWS
+
+static inline __attribute__((always_inline)) void pair_tile(const uint16_t *x, int k_dim, const int R,
+                                                            const uint16_t *wp, const int V, const uint16_t *bias,
+                                                            uint16_t *y, int n_total, int n0) {
+    __m512 acc[PAIR_VECS][PAIR_ROWS];
+    for (int v = 0; v < V; v++)
+        for (int i = 0; i < R; i++) acc[v][i] = _mm512_setzero_ps();
+    const int64_t block = (int64_t)16 * k_dim; /* elements a block */
+    for (int p = 0; p < k_dim / 2; p++) {
+        __m512bh w[PAIR_VECS];
+        for (int v = 0; v < V; v++) w[v] = (__m512bh)_mm512_loadu_si512(wp + v * block + (int64_t)p * 32);
+        for (int i = 0; i < R; i++) {
+            int32_t pair;
+            memcpy(&pair, x + (int64_t)i * k_dim + 2 * p, sizeof pair);
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+            for (int v = 0; v < V; v++) acc[v][i] = _mm512_dpbf16_ps(acc[v][i], xb, w[v]);
+        }
+    }
+    for (int v = 0; v < V; v++) {
+        const int at = n0 + 16 * v, left = n_total - at;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, bias + at)), 16))
+                              : _mm512_setzero_ps();
+        for (int i = 0; i < R; i++) {
+            uint16_t out[16];
+            storek_bf16(out, (vk)_mm512_add_ps(acc[v][i], b)); /* to nearest even, as f32_to_bf16 */
+            _mm256_mask_storeu_epi16(y + (int64_t)i * n_total + at, m, _mm256_loadu_si256((const __m256i *)out));
+        }
+    }
+}
+
+#define PAIR_CASE(R) \
+    case R: \
+        if (V == PAIR_VECS) pair_tile(x, k, R, wp, PAIR_VECS, bias, y, n, n0); \
+        else if (V == 2) pair_tile(x, k, R, wp, 2, bias, y, n, n0); \
+        else pair_tile(x, k, R, wp, 1, bias, y, n, n0); \
+        break;
+
+static __attribute__((noinline)) void pair_rows(const uint16_t *x, int k, int rows, const uint16_t *wp, int V,
+                                                const uint16_t *bias, uint16_t *y, int n, int n0) {
+    switch (rows) {
+        PAIR_CASE(1) PAIR_CASE(2) PAIR_CASE(3) PAIR_CASE(4) PAIR_CASE(5) PAIR_CASE(6) PAIR_CASE(7) PAIR_CASE(8)
+    }
+}
+
+/* y = x @ W^T (+ bias) for m (<= PAIR_MAX_ROWS) bfloat16 rows of x, W [n, k] in pair blocks (cpu_gemm.pair_pack;
+ * k even). Parallel over groups of PAIR_VECS blocks; each group's x rows in tiles of at most PAIR_ROWS, as even as
+ * possible, the group's weights from L1/L2 for every tile after the first. */
+int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, uint16_t *y, int m,
+                              int n, int k, int threads) {
+    if (m < 1 || m > PAIR_MAX_ROWS || n < 1 || k < 2 || k % 2) return -1;
+    const int blocks = (n + 15) / 16, groups = (blocks + PAIR_VECS - 1) / PAIR_VECS;
+    const int tiles = (m + PAIR_ROWS - 1) / PAIR_ROWS;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (int g = 0; g < groups; g++) {
+        const int b0 = g * PAIR_VECS, V = blocks - b0 < PAIR_VECS ? blocks - b0 : PAIR_VECS;
+        const uint16_t *wg = wp + (int64_t)b0 * 16 * k;
+        for (int t = 0, done = 0; t < tiles; t++) {
+            const int rows = (m - done) / (tiles - t);
+            pair_rows(x + (int64_t)done * k, k, rows, wg, V, bias, y + (int64_t)done * n, n, 16 * b0);
+            done += rows;
+        }
+    }
+    return 0;
+}
+
+/* the most rows splitserve_pair_gemm_bf16 takes (0: none, where this CPU has no AVX-512 BF16) */
+int splitserve_pair_rows_max(void) { return PAIR_MAX_ROWS; }
 #else
 #include <stdlib.h>
 
@@ -375,4 +456,12 @@ int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const ui
 }
 
 int splitserve_few_rows_bf16_max(void) { return MAX_ROWS; }
+
+int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, uint16_t *y, int m, int n,
+                              int k, int threads) {
+    (void)x, (void)wp, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    return -1;
+}
+
+int splitserve_pair_rows_max(void) { return 0; }
 #endif

@@ -85,9 +85,10 @@ def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: 
 
 def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3, passes: int = 3,
                    baseline: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-                   counts: tuple[int, ...] = CALIBRATE_ROWS) -> frozenset[int]:
-    """The row counts in ``counts`` where the kernel beats ``baseline`` (``F.linear``; called with the input and the
-    weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here. ``passes``
+                   counts: tuple[int, ...] = CALIBRATE_ROWS,
+                   kernel: Callable[[torch.Tensor, int], torch.Tensor] | None = None) -> frozenset[int]:
+    """The row counts in ``counts`` where ``kernel`` (the few-rows kernel on the dense weight; called as
+    ``baseline``) beats ``baseline`` (``F.linear``; called with the input and the weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here. ``passes``
     sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its median over the
     passes, so a disturbance during one sweep (another worker loading its model on the same cores) does not decide;
     then the counts from 1 up to the one where the time saved in all is the largest (``best_prefix``, a sampled
@@ -102,6 +103,7 @@ def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3,
     (``row_calibration``)."""
 
     base = baseline or (lambda x, i: F.linear(x, weights[i]))
+    ours = kernel or (lambda x, i: cpu_gemm.few_rows_gemm(lib, x, weights[i], None))
     g = torch.Generator().manual_seed(0)
     widths = sorted({w.shape[1] for w in weights})
     inputs = {m: {k: torch.randn(m, k, generator=g).to(weights[0].dtype) for k in widths} for m in counts}
@@ -119,7 +121,7 @@ def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3,
                 if m in clear:
                     continue
                 base_s = best_of(run(base, xs), reps)
-                kernel_s = best_of(run(lambda x, i: cpu_gemm.few_rows_gemm(lib, x, weights[i], None), xs), reps)
+                kernel_s = best_of(run(ours, xs), reps)
                 saved[m].append(base_s - kernel_s)
                 if len(saved[m]) == 1 and max(base_s, kernel_s) >= CLEAR * min(base_s, kernel_s):
                     clear.add(m)

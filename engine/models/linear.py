@@ -36,8 +36,10 @@ head at 1 row in 3.7 against 5.7 ms, 5 rows 4.4 against 6.6, and a batch-1 decod
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -68,72 +70,113 @@ def _widest(weights: list[torch.Tensor]) -> torch.Tensor:
     return max(weights, key=lambda w: (w.shape[0] <= 8192, w.shape[0] * w.shape[1]))
 
 
-class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with W held in oneDNN's layout. Inputs are [rows, in_features]. ``few_rows``: the
-    few-rows kernel and the row counts it beats the packed GEMM at; those rows read the dense weight, which is
-    then kept too."""
+class FewRowsOperands(NamedTuple):
+    """What a caller of the few-rows kernels itself (the native decode stack) needs to compute a layer's rows as
+    its ``forward`` does: the C function (``kernel``, a name in cpu_gemm.few_rows_kernel's library) and the row
+    counts it takes, the weight in that function's layout and the bias."""
+    kernel: str
+    rows: frozenset[int]
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 few_rows: tuple[ctypes.CDLL, frozenset[int]] | None = None) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class RowRoute:
+    """The row counts a packed layer gives a few-rows kernel instead of the packed GEMM: the dense-weight kernel,
+    or, with ``pairs``, the pair GEMM on a copy in its own layout (cpu_gemm.pair_pack)."""
+    lib: ctypes.CDLL
+    rows: frozenset[int]
+    pairs: bool
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ W.T + b`` with W held in oneDNN's layout. Inputs are [rows, in_features]. ``route``: the row
+    counts a few-rows kernel beats the packed GEMM at; those rows read a second copy of the weight (dense, or in
+    the pair GEMM's layout), which is then kept too."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, route: RowRoute | None = None,
+                 consume: bool = False) -> None:
+        """``consume``: the caller hands ``weight`` over (no one else reads it): a pair copy may take its memory."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = cpu_gemm.pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
-        self._few_rows = few_rows if few_rows and few_rows[1] and weight.dtype in KERNEL_DTYPES else None
-        self._dense = weight.detach().contiguous() if self._few_rows else None
+        self._route = route if route and route.rows and weight.dtype in KERNEL_DTYPES else None
+        self._copy = (None if self._route is None else cpu_gemm.pair_pack(weight, consume) if self._route.pairs
+                      else weight.detach().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self._few_rows is not None and x.dim() == 2 and x.shape[0] in self._few_rows[1]
-                and x.dtype == self._dense.dtype):
-            return cpu_gemm.few_rows_gemm(self._few_rows[0], x, self._dense, self.bias)
+        route = self._route
+        if route is not None and x.dim() == 2 and x.shape[0] in route.rows and x.dtype == self.packed.dtype:
+            if route.pairs:
+                return cpu_gemm.pair_gemm(route.lib, x, self._copy, self.out_features, self.bias)
+            return cpu_gemm.few_rows_gemm(route.lib, x, self._copy, self.bias)
         return cpu_gemm.onednn_linear(x, self.packed, self.bias)
 
-    def few_rows_operands(self) -> tuple[frozenset[int], torch.Tensor, torch.Tensor | None] | None:
-        """The row counts ``forward`` gives the few-rows kernel, and the dense weight and bias it reads there
-        (None when it gives it none): what a caller of the kernel itself needs to compute the same rows."""
-        return None if self._few_rows is None else (self._few_rows[1], self._dense, self.bias)
+    def few_rows_operands(self) -> FewRowsOperands | None:
+        """The row counts ``forward`` gives a few-rows kernel and what it reads there (None when it gives it
+        none)."""
+        route = self._route
+        if route is None:
+            return None
+        dense = "splitserve_few_rows_gemm_bf16" if self._copy.dtype == torch.bfloat16 else "splitserve_few_rows_gemm"
+        return FewRowsOperands("splitserve_pair_gemm_bf16" if route.pairs else dense, route.rows, self._copy,
+                               self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
-    """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear`` (the dense weight is dropped, unless the
+    """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear`` (the dense weight is dropped, unless a
     few-rows kernel beats the packed GEMM at some row counts: ``few_rows_vs_packed``). With tied embeddings,
     ``tied_lm_head`` (the embedding matrix) also gets a packed copy as ``model.lm_head``, since the embedding
     lookup still needs the dense one. Returns how many layers were packed."""
     weights = _linear_weights(model, torch.bfloat16) or _linear_weights(model)
-    few_rows = few_rows_vs_packed(weights)
+    route = few_rows_vs_packed(weights)
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(mod.weight.detach(), mod.bias, few_rows))
+        setattr(parent, child, PackedLinear(mod.weight.detach(), mod.bias, _fits(route, mod.weight), consume=True))
     if tied_lm_head is not None:
-        model.lm_head = PackedLinear(tied_lm_head.detach(), None, few_rows)
+        model.lm_head = PackedLinear(tied_lm_head.detach(), None, _fits(route, tied_lm_head))
         targets.append(("lm_head", model.lm_head))
     log.info("prepacked %d linear layers for the CPU GEMM", len(targets))
     return len(targets)
 
 
-def few_rows_vs_packed(weights: list[torch.Tensor]) -> tuple[ctypes.CDLL, frozenset[int]] | None:
-    """For float32 or bfloat16 weights about to be packed: the few-rows kernel and the row counts where it beats
-    the packed GEMM on the widest of them (calibrate_rows against the packed layout, once per host), or None (no
-    kernel, no such weight, one too small to time, or no count won)."""
+def _fits(route: RowRoute | None, weight: torch.Tensor) -> RowRoute | None:
+    """``route`` where its kernel takes ``weight``'s shape (the pair GEMM: an even in_features)."""
+    return None if route is None or route.pairs and weight.shape[1] % 2 else route
+
+
+def few_rows_vs_packed(weights: list[torch.Tensor]) -> RowRoute | None:
+    """For float32 or bfloat16 weights about to be packed: the few-rows kernel (in bfloat16 the pair GEMM, where
+    this CPU has it) and the row counts where it beats the packed GEMM over a working set of them
+    (calibrate_rows against the packed layout, once per host), or None (no kernel, no such weight, one too small
+    to time, or no count won)."""
     lib = cpu_gemm.few_rows_kernel()
     if lib is None or not weights or (widest := _widest(weights)).numel() < CALIBRATE_MIN:
         return None
-    timed = gemm_timing.working_set(weights)
+    pairs = widest.dtype == torch.bfloat16 and cpu_gemm.pair_rows_max(lib) > 0
+    timed = gemm_timing.working_set([w for w in weights if not pairs or w.shape[1] % 2 == 0])
+    if not timed:
+        return None
+    counts = gemm_timing.CALIBRATE_ROWS if pairs else gemm_timing.calibrated_counts(lib, widest.dtype)
 
     def measure() -> frozenset[int]:
         packed = [cpu_gemm.pack(w) for w in timed]
-        return gemm_timing.calibrate_rows(lib, timed, counts=gemm_timing.calibrated_counts(lib, widest.dtype),
+        copies = [cpu_gemm.pair_pack(w) for w in timed] if pairs else []
+        kernel = (lambda x, i: cpu_gemm.pair_gemm(lib, x, copies[i], timed[i].shape[0], None)) if pairs else None
+        return gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel,
                                           baseline=lambda x, i: cpu_gemm.onednn_linear(x, packed[i], None))
-    stem = gemm_timing.kernel_key(lib, timed) + ("-bf16" if widest.dtype == torch.bfloat16 else "")
+    stem = gemm_timing.kernel_key(lib, timed) + ("-pairs" if pairs else "-bf16" if widest.dtype == torch.bfloat16
+                                                 else "")
     rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-vs-packed"), measure)
-    log.info("few-rows kernel for %s rows next to the packed GEMM (%s)", gemm_timing.ranges(rows) or "no",
-             str(widest.dtype).replace("torch.", ""))
-    return (lib, rows) if rows else None
+    log.info("%s for %s rows next to the packed GEMM (%s)", "pair GEMM" if pairs else "few-rows kernel",
+             gemm_timing.ranges(rows) or "no", str(widest.dtype).replace("torch.", ""))
+    return RowRoute(lib, rows, pairs) if rows else None
 
 
 class FewRowsLinear(nn.Linear):
@@ -172,9 +215,11 @@ class FewRowsLinear(nn.Linear):
                 return cpu_gemm.onednn_linear(x, self.weight if self.packed is None else self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    def few_rows_operands(self) -> tuple[frozenset[int], torch.Tensor, torch.Tensor | None] | None:
+    def few_rows_operands(self) -> FewRowsOperands | None:
         """As ``PackedLinear.few_rows_operands``."""
-        return (self.rows, self.weight, self.bias) if self.rows and self.weight.is_contiguous() else None
+        name = "splitserve_few_rows_gemm_bf16" if self.weight.dtype == torch.bfloat16 else "splitserve_few_rows_gemm"
+        return (FewRowsOperands(name, self.rows, self.weight, self.bias)
+                if self.rows and self.weight.is_contiguous() else None)
 
 
 def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = None, packed: bool = True,

@@ -72,7 +72,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 class DecodeStack:
     """Built by ``build`` (None where it cannot run); ``takes`` says which steps it runs, ``run`` runs one."""
 
-    def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int],
+    def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int], gemm_name: str,
                  operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]], lib: ctypes.CDLL) -> None:
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         # looked up through their modules when built, so an engine built with another GEMM or attention kernel
@@ -87,9 +87,8 @@ class DecodeStack:
                                      layer.post_attention_layernorm.weight.data_ptr(),
                                      *(_Linear(w.data_ptr(), _ptr(b)) for w, b in ops),
                                      pool.k(i).data_ptr(), pool.v(i).data_ptr())
-        bf16 = dtype == torch.bfloat16
         self._stack = _Stack(
-            _fn(gemm, "splitserve_few_rows_gemm_bf16" if bf16 else "splitserve_few_rows_gemm"),
+            _fn(gemm, gemm_name),
             _fn(rows_lib, "splitserve_rms_norm"), _fn(rows_lib, "splitserve_rope"),
             _fn(rows_lib, "splitserve_kv_write"), _fn(attention, "splitserve_decode_attention"),
             _fn(rows_lib, "splitserve_silu_mul"),
@@ -111,24 +110,26 @@ class DecodeStack:
                 or cpu_kernels.decode_kernel() is None):
             return None
         rows: frozenset[int] | None = None
+        names = set()
         operands = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             ops = []
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                 got = getattr(linear, "few_rows_operands", lambda: None)()
-                if got is None or got[1].dtype != dtype:
+                if got is None or got.weight.dtype != dtype:
                     return None
-                rows = got[0] if rows is None else rows & got[0]
-                ops.append((got[1], got[2]))
+                rows = got.rows if rows is None else rows & got.rows
+                names.add(got.kernel)
+                ops.append((got.weight, got.bias))
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(n.weight.dtype != dtype or not n.weight.is_contiguous() or n.eps != norms[0].eps for n in norms):
                 return None
             operands.append(tuple(ops))
-        if not rows:
+        if not rows or len(names) != 1:  # one GEMM function for every layer
             return None
-        log.info("native decode stack for %d-%d rows", min(rows), max(rows))
-        return cls(model, pool, scale, rows, operands, lib)
+        log.info("native decode stack for %d-%d rows (%s)", min(rows), max(rows), *names)
+        return cls(model, pool, scale, rows, names.pop(), operands, lib)
 
     def takes(self, meta: AttentionMeta) -> bool:
         """Whether ``run`` takes this step: decode rows only, a row count every layer's GEMM kernel takes."""

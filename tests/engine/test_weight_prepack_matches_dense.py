@@ -14,8 +14,8 @@ from torch import nn
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
-from engine.models.cpu_gemm import can_prepack, few_rows_kernel
-from engine.models.linear import PackedLinear, prepack_linears
+from engine.models.cpu_gemm import can_prepack, few_rows_kernel, pair_rows_max
+from engine.models.linear import PackedLinear, RowRoute, prepack_linears
 from engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -60,29 +60,33 @@ def _packed(core: EngineCore) -> set[bool]:
 
 
 @pytest.mark.skipif(few_rows_kernel() is None, reason="no C compiler for the few-rows kernel")
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
-def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dtype, tol: float) -> None:
+@pytest.mark.parametrize("dtype, tol, pairs", [(torch.float32, 1e-4, False), (torch.bfloat16, 3e-2, False),
+                                               (torch.bfloat16, 3e-2, True)], ids=["float32", "bfloat16", "pairs"])
+def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dtype, tol: float, pairs: bool) -> None:
     if not can_prepack(torch.device("cpu"), dtype):
         pytest.skip(f"oneDNN cannot pack {dtype} here")
+    if pairs and pair_rows_max(few_rows_kernel()) == 0:
+        pytest.skip("no pair GEMM on this CPU (no AVX-512 BF16)")
     gen = torch.Generator().manual_seed(3)
     w, b = torch.randn(96, 80, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
     calls: list[int] = []
     real = few_rows_kernel()
 
-    class Spy:  # the kernel, noting the row count of each call
-        def splitserve_few_rows_gemm(self, *args):  # noqa: ANN002, ANN202
-            calls.append(args[4])
-            return real.splitserve_few_rows_gemm(*args)
+    class Spy:  # the kernels, noting the row count of each call
+        def __getattr__(self, name: str):  # noqa: ANN204
+            def call(*args):  # noqa: ANN002, ANN202
+                calls.append(args[4])
+                return getattr(real, name)(*args)
+            return call
 
-        def splitserve_few_rows_gemm_bf16(self, *args):  # noqa: ANN002, ANN202
-            calls.append(args[4])
-            return real.splitserve_few_rows_gemm_bf16(*args)
-
-    layer = PackedLinear(w, b, (Spy(), frozenset({2})))
+    layer = PackedLinear(w, b, RowRoute(Spy(), frozenset({2}), pairs))
     for rows in (1, 2, 7):
         x = torch.randn(rows, 80, generator=gen).to(dtype)
         torch.testing.assert_close(layer(x).float(), F.linear(x.float(), w.float(), b.float()), rtol=tol, atol=tol)
     assert calls == [2]
+    assert layer.few_rows_operands().kernel == ("splitserve_pair_gemm_bf16" if pairs else
+                                                "splitserve_few_rows_gemm_bf16" if dtype == torch.bfloat16 else
+                                                "splitserve_few_rows_gemm")
 
 
 def test_auto_packs_bfloat16_models_only(tiny_model_dir: Path) -> None:
