@@ -6,7 +6,9 @@ The few-rows kernel reads each weight row once for all of a call's rows, where M
 per call: for a small decode batch or a speculative verification that packing is most of the work. A row's
 result does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch.
 In bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take
-bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces)."""
+bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512 BF16 the same library's
+pair GEMM takes bfloat16 weights repacked once (``pair_pack``) at up to MAX_ROWS rows: what packed bfloat16 layers
+use for the row counts it beats oneDNN's GEMM at."""
 from __future__ import annotations
 
 import ctypes

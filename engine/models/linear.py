@@ -28,11 +28,18 @@ against 194 GFLOP/s) on the dense weight, which it reorders per call, and in 7.4
 layers keep such a copy (unless ``--weight-prepack off``): +425 MB for SmolLM2, whose whole prefill step moved
 1.06x (4 x 512 tokens) to 1.18x (one 128-token prompt), the reorder's share growing as the rows shrink.
 
-Packed layers keep their dense weight too where the few-rows kernel beats the packed GEMM at some row counts
+Packed layers keep a second copy of their weight where a few-rows kernel beats the packed GEMM at some row counts
 (``few_rows_vs_packed``, timed over a working set of the model's weights larger than the caches, as a step reads
-them): in bfloat16 (pair products with AVX-512 BF16) on a Zen 5 host it took 1-11 rows, SmolLM2's 30 layers and LM
-head at 1 row in 3.7 against 5.7 ms, 5 rows 4.4 against 6.6, and a batch-1 decode step from 11.9 to 9.4 ms, for
-212 MB more memory (the dense copy; a tied LM head's is the embedding itself)."""
+them). In float32 (``--weight-prepack on``) that is the dense weight for the few-rows kernel. In bfloat16 with
+AVX-512 BF16 it was the dense weight too, for the kernel's row-by-row pair products (1-11 rows on a Zen 5 host:
+SmolLM2's 30 layers and LM head at 1 row 3.7 against 5.7 ms, a batch-1 decode step 11.9 -> 9.4 ms); now it is a
+copy in the pair GEMM's layout (cpu_gemm.pair_pack: 16 outputs' weights for two k in each vector, so a step is one
+broadcast x pair and one VDPBF16PS per 16 outputs, 8 x rows by 48 outputs in registers), written over the dense
+weight's own memory, so no more memory than before (but for a tied LM head: +56 MB for SmolLM2, the embedding
+staying dense for the lookup). Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair
+GEMM / row-by-row kernel / packed GEMM: 1 row 7.6 / 8.2 / 12.6 ms, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 / 14.4
+/ 14.1, 32 rows 19.9 / - / 24.3, 64 rows 36.8 / - / 41.2 (369 against 330 GFLOP/s), 128 rows 69.2 / - / 73.9; the
+calibration there took it for 1-64 rows (the most it times)."""
 from __future__ import annotations
 
 import ctypes
@@ -163,7 +170,7 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> RowRoute | None:
     timed = gemm_timing.working_set([w for w in weights if not pairs or w.shape[1] % 2 == 0])
     if not timed:
         return None
-    counts = gemm_timing.CALIBRATE_ROWS if pairs else gemm_timing.calibrated_counts(lib, widest.dtype)
+    counts = gemm_timing.PAIR_CALIBRATE_ROWS if pairs else gemm_timing.calibrated_counts(lib, widest.dtype)
 
     def measure() -> frozenset[int]:
         packed = [cpu_gemm.pack(w) for w in timed]

@@ -37,7 +37,7 @@ typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache, 
 typedef int (*act_fn)(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads);
 
 typedef struct {
-    const void *w, *b; /* dense weight [n, k], bias [n] or NULL */
+    const void *w, *b; /* weight [n, k] in the GEMM function's layout (dense, or pair blocks), bias [n] or NULL */
 } Linear;
 
 typedef struct {

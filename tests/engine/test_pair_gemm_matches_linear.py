@@ -46,6 +46,20 @@ def test_it_refuses_an_odd_width_and_more_rows_than_it_takes() -> None:
         pair_gemm(lib, torch.randn(pair_rows_max(lib) + 1, 8).bfloat16(), pair_pack(w), 32, None)
 
 
+@pytest.mark.parametrize("n", [95, 31, 17, 48])
+def test_it_writes_nothing_past_its_outputs(n: int) -> None:
+    # a partial last block (n % 16 of 15, 1 or none) is stored under a mask: the rest of the buffer keeps its bits
+    g = torch.Generator().manual_seed(n)
+    w, k = torch.randn(n, 64, generator=g).bfloat16(), 64
+    for m in (1, 3, 8, 11):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        y = torch.full((m * n + 64,), 7.0, dtype=torch.bfloat16)
+        assert lib.splitserve_pair_gemm_bf16(x.data_ptr(), pair_pack(w).data_ptr(), None, y.data_ptr(), m, n, k, 2) == 0
+        assert torch.equal(y[m * n:], torch.full((64,), 7.0, dtype=torch.bfloat16)), f"{m} rows"
+        torch.testing.assert_close(y[:m * n].view(m, n).double(), F.linear(x.double(), w.double()), rtol=2 ** -8,
+                                   atol=1e-3)
+
+
 def test_a_rows_result_does_not_depend_on_its_batch() -> None:
     g = torch.Generator().manual_seed(5)
     w = torch.randn(200, 576, generator=g).bfloat16()
