@@ -6,9 +6,9 @@ The few-rows kernel reads each weight row once for all of a call's rows, where M
 per call: for a small decode batch or a speculative verification that packing is most of the work. A row's
 result does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch.
 In bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take
-bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512 BF16 the same library's
-pair GEMM takes bfloat16 weights repacked once (``pair_pack``) at up to MAX_ROWS rows: what packed bfloat16 layers
-use for the row counts it beats oneDNN's GEMM at."""
+bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512 the same library's
+output-lanes GEMM takes weights repacked once (``lanes_pack``; bfloat16 in pairs, with AVX-512 BF16) at up to
+MAX_ROWS rows: what packed layers use for the row counts it beats oneDNN's GEMM at."""
 from __future__ import annotations
 
 import ctypes
@@ -79,6 +79,9 @@ def few_rows_kernel() -> ctypes.CDLL | None:
         lib.splitserve_pair_gemm_bf16.restype = ctypes.c_int
         lib.splitserve_pair_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
         lib.splitserve_pair_rows_max.restype = ctypes.c_int
+        lib.splitserve_lanes_gemm.restype = ctypes.c_int
+        lib.splitserve_lanes_gemm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.splitserve_lanes_rows_max.restype = ctypes.c_int
     return lib
 
 
@@ -106,21 +109,26 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
     return y
 
 
-def pair_rows_max(lib: ctypes.CDLL) -> int:
-    """The most rows the pair GEMM takes: 0 where it has none (no AVX-512 BF16, or an older kernel library)."""
-    return lib.splitserve_pair_rows_max() if hasattr(lib, "splitserve_pair_rows_max") else 0
+def lanes_rows_max(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
+    """The most rows the output-lanes GEMM takes in ``dtype``: the pair GEMM in bfloat16 (AVX-512 BF16), the lanes
+    GEMM in float32 (AVX-512); 0 where it has none (another CPU, or an older kernel library)."""
+    name = "splitserve_pair_rows_max" if dtype == torch.bfloat16 else "splitserve_lanes_rows_max"
+    return getattr(lib, name)() if dtype in KERNEL_DTYPES and hasattr(lib, name) else 0
 
 
-def pair_pack(weight: torch.Tensor, consume: bool = False) -> torch.Tensor:
-    """A bfloat16 ``weight`` [n, k] (k even) in the pair GEMM's layout: blocks of 16 output rows (zeros past n),
-    each [k / 2][16][2], back to back: flat, ceil(n / 16) * 16 * k elements. ``consume``: the caller hands the
-    weight over, so where the layout takes as many bytes (n a multiple of 16) it is written over the weight's own
-    memory (a loaded model's weights are in huge pages: mem/huge_pages.py); new memory is asked huge pages too."""
+def lanes_pack(weight: torch.Tensor, consume: bool = False) -> torch.Tensor:
+    """``weight`` [n, k] in the output-lanes GEMM's layout: blocks of 16 output rows (zeros past n), back to back,
+    each [k / 2][16][2] in bfloat16 (k even: pairs of k, VDPBF16PS's operand) or [k][16] in float32; flat,
+    ceil(n / 16) * 16 * k elements. ``consume``: the caller hands the weight over, so where the layout takes as
+    many bytes (n a multiple of 16) it is written over the weight's own memory (a loaded model's weights are in
+    huge pages: mem/huge_pages.py); new memory is asked huge pages too."""
     n, k = weight.shape
-    assert weight.dtype == torch.bfloat16 and k % 2 == 0, (weight.dtype, k)
+    pairs = weight.dtype == torch.bfloat16
+    assert weight.dtype in KERNEL_DTYPES and (k % 2 == 0 or not pairs), (weight.dtype, k)
     blocks = -(-n // 16)
     padded = F.pad(weight.detach(), (0, 0, 0, blocks * 16 - n))
-    packed = padded.view(blocks, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous().view(-1)
+    packed = (padded.view(blocks, 16, k // 2, 2).permute(0, 2, 1, 3) if pairs
+              else padded.view(blocks, 16, k).permute(0, 2, 1)).contiguous().view(-1)
     if consume and weight.is_contiguous() and packed.numel() == weight.numel():
         out = weight.detach().view(-1)
     else:
@@ -129,16 +137,17 @@ def pair_pack(weight: torch.Tensor, consume: bool = False) -> torch.Tensor:
     return out.copy_(packed)
 
 
-def pair_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int,
-              bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for bfloat16 CPU rows ``x`` (at most ``pair_rows_max``) and ``packed`` =
-    ``pair_pack(weight)``, ``weight`` having ``n`` rows."""
+def lanes_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for CPU rows ``x`` (at most ``lanes_rows_max``) of ``packed`` =
+    ``lanes_pack(weight)``'s dtype, ``weight`` having ``n`` rows."""
     x = x.contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-    rc = lib.splitserve_pair_gemm_bf16(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(),
-                                       y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
+    y = torch.empty(x.shape[0], n, dtype=packed.dtype)
+    fn = lib.splitserve_pair_gemm_bf16 if packed.dtype == torch.bfloat16 else lib.splitserve_lanes_gemm
+    rc = fn(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), x.shape[0], n,
+            x.shape[1], torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"pair GEMM refused the shapes {tuple(x.shape)} x ({n}, {x.shape[1]})")
+        raise RuntimeError(f"output-lanes GEMM refused the shapes {tuple(x.shape)} x ({n}, {x.shape[1]})")
     return y
 
 

@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 # oneDNN beat it from ~30 rows there (SmolLM2's 30 layers and LM head at 64 rows: 53.5 ms, the kernel 62.4, MKL
 # 114.3) and takes the counts past 64, where prefill chunks start.
 CALIBRATE_ROWS = (*range(1, 33), 40, 48, 56, 64)
-# the pair GEMM's (bfloat16 with AVX-512 BF16) go on to 256 rows, short prompts' prefill chunks: over SmolLM2's 30
-# layers' shapes on a Zen 4 host it beat oneDNN's packed GEMM by 1.10x at 96 rows, 1.06x at 128, 1.03x at 192 and
-# 1.01x at 256 (383-403 against 347-387 GFLOP/s)
-PAIR_CALIBRATE_ROWS = (*CALIBRATE_ROWS, 96, 128, 192, 256)
+# the output-lanes GEMM's go on to 256 rows, short prompts' prefill chunks: over SmolLM2's 30 layers' shapes on a Zen 4
+# host, in bfloat16 it beat oneDNN's packed GEMM by 1.10x at 96 rows, 1.06x at 128, 1.03x at 192 and 1.01x at 256
+# (383-403 against 347-387 GFLOP/s), in float32 by 1.12x at 128 rows
+LANES_CALIBRATE_ROWS = (*CALIBRATE_ROWS, 96, 128, 192, 256)
 CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
 # their row counts: 1-3 rows stay on MKL's single-row path for them, as before calibration (with the kernel there
 # too, the tiny model's PD logprobs differed from the colocated server's in the 4th decimal: not yet understood)

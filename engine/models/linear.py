@@ -67,6 +67,20 @@ def should_prepack(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
     return mode != "off" and cpu_gemm.can_prepack(device, dtype) and (mode == "on" or dtype == torch.bfloat16)
 
 
+def packs_float32_for_lanes(mode: str, model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``auto`` packs a float32 model too: where the output-lanes GEMM runs here (AVX-512), the model's
+    decoder layers have a weight large enough to time (SmolLM2's 3,072 x 576; not the tiny test model's, whose
+    mechanics tests keep ``FewRowsLinear``) and oneDNN beat MKL at a prefill chunk's rows, its layers become
+    ``PackedLinear``: the lanes GEMM takes the row counts it won (on a copy that takes the dense weight's memory),
+    oneDNN's packed GEMM the rest, as ``FewRowsLinear`` gave them to oneDNN before."""
+    lib = cpu_gemm.few_rows_kernel()
+    layers = getattr(model, "layers", None)
+    weights = _linear_weights(layers) if isinstance(layers, nn.Module) else []
+    return (mode == "auto" and dtype == torch.float32 and lib is not None and bool(weights)
+            and cpu_gemm.lanes_rows_max(lib, dtype) > 0 and cpu_gemm.can_prepack(device, dtype)
+            and (widest := _widest(weights)).numel() >= CALIBRATE_MIN and gemm_timing.onednn_beats_mkl(widest))
+
+
 def _linear_weights(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     return [mod.weight for mod in model.modules()
             if isinstance(mod, nn.Linear) and mod.weight.dtype == dtype and mod.weight.device.type == "cpu"]
@@ -90,10 +104,10 @@ class FewRowsOperands(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class RowRoute:
     """The row counts a packed layer gives a few-rows kernel instead of the packed GEMM: the dense-weight kernel,
-    or, with ``pairs``, the pair GEMM on a copy in its own layout (cpu_gemm.pair_pack)."""
+    or, with ``lanes``, the output-lanes GEMM on a copy in its own layout (cpu_gemm.lanes_pack)."""
     lib: ctypes.CDLL
     rows: frozenset[int]
-    pairs: bool
+    lanes: bool
 
 
 class PackedLinear(nn.Module):
@@ -109,14 +123,14 @@ class PackedLinear(nn.Module):
         self.packed = cpu_gemm.pack(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self._route = route if route and route.rows and weight.dtype in KERNEL_DTYPES else None
-        self._copy = (None if self._route is None else cpu_gemm.pair_pack(weight, consume) if self._route.pairs
+        self._copy = (None if self._route is None else cpu_gemm.lanes_pack(weight, consume) if self._route.lanes
                       else weight.detach().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         route = self._route
         if route is not None and x.dim() == 2 and x.shape[0] in route.rows and x.dtype == self.packed.dtype:
-            if route.pairs:
-                return cpu_gemm.pair_gemm(route.lib, x, self._copy, self.out_features, self.bias)
+            if route.lanes:
+                return cpu_gemm.lanes_gemm(route.lib, x, self._copy, self.out_features, self.bias)
             return cpu_gemm.few_rows_gemm(route.lib, x, self._copy, self.bias)
         return cpu_gemm.onednn_linear(x, self.packed, self.bias)
 
@@ -126,9 +140,10 @@ class PackedLinear(nn.Module):
         route = self._route
         if route is None:
             return None
-        dense = "splitserve_few_rows_gemm_bf16" if self._copy.dtype == torch.bfloat16 else "splitserve_few_rows_gemm"
-        return FewRowsOperands("splitserve_pair_gemm_bf16" if route.pairs else dense, route.rows, self._copy,
-                               self.bias)
+        bf16 = self._copy.dtype == torch.bfloat16
+        name = (("splitserve_pair_gemm_bf16" if bf16 else "splitserve_lanes_gemm") if route.lanes
+                else "splitserve_few_rows_gemm_bf16" if bf16 else "splitserve_few_rows_gemm")
+        return FewRowsOperands(name, route.rows, self._copy, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -154,36 +169,41 @@ def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) 
 
 
 def _fits(route: RowRoute | None, weight: torch.Tensor) -> RowRoute | None:
-    """``route`` where its kernel takes ``weight``'s shape (the pair GEMM: an even in_features)."""
-    return None if route is None or route.pairs and weight.shape[1] % 2 else route
+    """``route`` where its kernel takes ``weight``'s shape (bfloat16 pairs: an even in_features)."""
+    return None if route is None or _odd_pairs(route.lanes, weight) else route
+
+
+def _odd_pairs(lanes: bool, weight: torch.Tensor) -> bool:
+    """Whether the output-lanes GEMM cannot take ``weight``: bfloat16 (pairs of k) with an odd in_features."""
+    return lanes and weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 1
 
 
 def few_rows_vs_packed(weights: list[torch.Tensor]) -> RowRoute | None:
-    """For float32 or bfloat16 weights about to be packed: the few-rows kernel (in bfloat16 the pair GEMM, where
-    this CPU has it) and the row counts where it beats the packed GEMM over a working set of them
+    """For float32 or bfloat16 weights about to be packed: the few-rows kernel (the output-lanes GEMM, where this
+    CPU has it) and the row counts where it beats the packed GEMM over a working set of them
     (calibrate_rows against the packed layout, once per host), or None (no kernel, no such weight, one too small
     to time, or no count won)."""
     lib = cpu_gemm.few_rows_kernel()
     if lib is None or not weights or (widest := _widest(weights)).numel() < CALIBRATE_MIN:
         return None
-    pairs = widest.dtype == torch.bfloat16 and cpu_gemm.pair_rows_max(lib) > 0
-    timed = gemm_timing.working_set([w for w in weights if not pairs or w.shape[1] % 2 == 0])
+    lanes = cpu_gemm.lanes_rows_max(lib, widest.dtype) > 0
+    timed = gemm_timing.working_set([w for w in weights if not _odd_pairs(lanes, w)])
     if not timed:
         return None
-    counts = gemm_timing.PAIR_CALIBRATE_ROWS if pairs else gemm_timing.calibrated_counts(lib, widest.dtype)
+    counts = gemm_timing.LANES_CALIBRATE_ROWS if lanes else gemm_timing.calibrated_counts(lib, widest.dtype)
 
     def measure() -> frozenset[int]:
         packed = [cpu_gemm.pack(w) for w in timed]
-        copies = [cpu_gemm.pair_pack(w) for w in timed] if pairs else []
-        kernel = (lambda x, i: cpu_gemm.pair_gemm(lib, x, copies[i], timed[i].shape[0], None)) if pairs else None
+        copies = [cpu_gemm.lanes_pack(w) for w in timed] if lanes else []
+        kernel = (lambda x, i: cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)) if lanes else None
         return gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel,
                                           baseline=lambda x, i: cpu_gemm.onednn_linear(x, packed[i], None))
-    stem = gemm_timing.kernel_key(lib, timed) + ("-pairs" if pairs else "-bf16" if widest.dtype == torch.bfloat16
-                                                 else "")
+    bf16 = widest.dtype == torch.bfloat16
+    stem = gemm_timing.kernel_key(lib, timed) + ("-lanes" if lanes else "") + ("-bf16" if bf16 else "")
     rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-vs-packed"), measure)
-    log.info("%s for %s rows next to the packed GEMM (%s)", "pair GEMM" if pairs else "few-rows kernel",
+    log.info("%s for %s rows next to the packed GEMM (%s)", "output-lanes GEMM" if lanes else "few-rows kernel",
              gemm_timing.ranges(rows) or "no", str(widest.dtype).replace("torch.", ""))
-    return RowRoute(lib, rows, pairs) if rows else None
+    return RowRoute(lib, rows, lanes) if rows else None
 
 
 class FewRowsLinear(nn.Linear):

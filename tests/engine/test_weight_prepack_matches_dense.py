@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
-from engine.models.cpu_gemm import can_prepack, few_rows_kernel, pair_rows_max
+from engine.models.cpu_gemm import can_prepack, few_rows_kernel, lanes_rows_max
 from engine.models.linear import PackedLinear, RowRoute, prepack_linears
 from engine.sampling_params import SamplingParams
 
@@ -60,13 +60,14 @@ def _packed(core: EngineCore) -> set[bool]:
 
 
 @pytest.mark.skipif(few_rows_kernel() is None, reason="no C compiler for the few-rows kernel")
-@pytest.mark.parametrize("dtype, tol, pairs", [(torch.float32, 1e-4, False), (torch.bfloat16, 3e-2, False),
-                                               (torch.bfloat16, 3e-2, True)], ids=["float32", "bfloat16", "pairs"])
-def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dtype, tol: float, pairs: bool) -> None:
+@pytest.mark.parametrize("dtype, tol, lanes", [(torch.float32, 1e-4, False), (torch.bfloat16, 3e-2, False),
+                                               (torch.float32, 1e-4, True), (torch.bfloat16, 3e-2, True)],
+                         ids=["float32", "bfloat16", "float32-lanes", "bfloat16-pairs"])
+def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dtype, tol: float, lanes: bool) -> None:
     if not can_prepack(torch.device("cpu"), dtype):
         pytest.skip(f"oneDNN cannot pack {dtype} here")
-    if pairs and pair_rows_max(few_rows_kernel()) == 0:
-        pytest.skip("no pair GEMM on this CPU (no AVX-512 BF16)")
+    if lanes and lanes_rows_max(few_rows_kernel(), dtype) == 0:
+        pytest.skip(f"no output-lanes GEMM for {dtype} on this CPU")
     gen = torch.Generator().manual_seed(3)
     w, b = torch.randn(96, 80, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
     calls: list[int] = []
@@ -79,13 +80,14 @@ def test_a_packed_layer_sends_the_few_rows_kernels_counts_to_it(dtype: torch.dty
                 return getattr(real, name)(*args)
             return call
 
-    layer = PackedLinear(w, b, RowRoute(Spy(), frozenset({2}), pairs))
+    layer = PackedLinear(w, b, RowRoute(Spy(), frozenset({2}), lanes))
     for rows in (1, 2, 7):
         x = torch.randn(rows, 80, generator=gen).to(dtype)
         torch.testing.assert_close(layer(x).float(), F.linear(x.float(), w.float(), b.float()), rtol=tol, atol=tol)
     assert calls == [2]
-    assert layer.few_rows_operands().kernel == ("splitserve_pair_gemm_bf16" if pairs else
-                                                "splitserve_few_rows_gemm_bf16" if dtype == torch.bfloat16 else
+    bf16 = dtype == torch.bfloat16
+    assert layer.few_rows_operands().kernel == (("splitserve_pair_gemm_bf16" if bf16 else "splitserve_lanes_gemm")
+                                                if lanes else "splitserve_few_rows_gemm_bf16" if bf16 else
                                                 "splitserve_few_rows_gemm")
 
 

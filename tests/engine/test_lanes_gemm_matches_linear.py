@@ -1,0 +1,104 @@
+"""The output-lanes GEMM (engine/models/few_rows_gemm.c: weights in blocks of 16 outputs, bfloat16 in pairs of k
+with AVX-512 BF16, float32 with AVX-512) equals a float64 product (rounded to bfloat16 in bfloat16), to within the
+rounding of its sums, for every row count it takes (tiles of up to 8 rows, partial ones and the uneven splits of larger counts too), with and without bias,
+on output counts that are and are not multiples of its 16-lane blocks and 3-block groups; a row's result does not
+depend on how many rows came with it; and a packed model routes the counts it calibrated to through it, keeping its
+copy in place of the dense weight."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import row_calibration
+from engine.models.cpu_gemm import can_prepack, few_rows_kernel, lanes_gemm, lanes_pack, lanes_rows_max
+from engine.models.linear import PackedLinear
+from tests.engine.conftest import make_core
+
+lib = few_rows_kernel()
+pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native kernel")
+DTYPES = [pytest.param(d, marks=pytest.mark.skipif(lib is None or lanes_rows_max(lib, d) == 0,
+                                                   reason=f"no output-lanes GEMM for {d} on this CPU"))
+          for d in (torch.float32, torch.bfloat16)]
+# float32: sums of k products in float32; bfloat16: one more rounding of the result
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -8}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n, k", [(960, 576), (49, 64), (7, 334), (130, 18), (16, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_row_count_equals_a_float64_product(dtype: torch.dtype, n: int, k: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    packed = lanes_pack(w)
+    for m in [*range(1, 18), 24, 33, 64, 101, 256]:
+        x = torch.randn(m, k, generator=g).to(dtype)
+        want = F.linear(x.double(), w.double(), None if b is None else b.double())
+        got = lanes_gemm(lib, x, packed, n, b)
+        assert got.shape == (m, n) and got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, rtol=RTOL[dtype], atol=1e-5 * k, msg=f"{m} rows")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_it_refuses_more_rows_than_it_takes_and_in_bfloat16_an_odd_width(dtype: torch.dtype) -> None:
+    w = torch.randn(32, 8).to(dtype)
+    if dtype == torch.bfloat16:
+        with pytest.raises(RuntimeError, match="refused"):
+            lanes_gemm(lib, torch.randn(1, 7).bfloat16(), lanes_pack(w)[: 32 * 7], 32, None)
+    with pytest.raises(RuntimeError, match="refused"):
+        lanes_gemm(lib, torch.randn(lanes_rows_max(lib, dtype) + 1, 8).to(dtype), lanes_pack(w), 32, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [95, 31, 17, 48])
+def test_it_writes_nothing_past_its_outputs(dtype: torch.dtype, n: int) -> None:
+    # a partial last block (n % 16 of 15, 1 or none) is stored under a mask: the rest of the buffer keeps its bits
+    g = torch.Generator().manual_seed(n)
+    w, k = torch.randn(n, 64, generator=g).to(dtype), 64
+    fn = lib.splitserve_pair_gemm_bf16 if dtype == torch.bfloat16 else lib.splitserve_lanes_gemm
+    for m in (1, 3, 8, 11):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        y = torch.full((m * n + 64,), 7.0, dtype=dtype)
+        assert fn(x.data_ptr(), lanes_pack(w).data_ptr(), None, y.data_ptr(), m, n, k, 2) == 0
+        assert torch.equal(y[m * n:], torch.full((64,), 7.0, dtype=dtype)), f"{m} rows"
+        torch.testing.assert_close(y[:m * n].view(m, n).double(), F.linear(x.double(), w.double()),
+                                   rtol=RTOL[dtype], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_rows_result_does_not_depend_on_its_batch(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 576, generator=g).to(dtype)
+    b = torch.randn(200, generator=g).to(dtype)
+    packed = lanes_pack(w)
+    x = torch.randn(64, 576, generator=g).to(dtype)
+    alone = torch.cat([lanes_gemm(lib, x[i:i + 1], packed, 200, b) for i in range(64)])
+    for m in (2, 7, 9, 13, 37, 64):  # one tile, uneven tiles, several
+        assert torch.equal(lanes_gemm(lib, x[:m], packed, 200, b), alone[:m]), f"{m} rows"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_packed_model_keeps_the_lanes_copy_and_routes_its_counts_to_it(
+        dtype: torch.dtype, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not can_prepack(torch.device("cpu"), dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} here")
+    # the tiny model's weights are too small to time: let every layer go through the routing as a large one would
+    # (a float32 model is packed by default where oneDNN beat MKL at a prefill chunk's rows: pinned too)
+    monkeypatch.setattr("engine.models.linear.CALIBRATE_MIN", 1)
+    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None: frozenset(range(1, 17)))
+    monkeypatch.setattr("engine.models.gemm_timing.onednn_beats_mkl", lambda weight: True)
+    core = make_core(tiny_model_dir, dtype=str(dtype).replace("torch.", ""))
+    layers = [m for m in core.model.modules() if isinstance(m, PackedLinear)]
+    name = "splitserve_pair_gemm_bf16" if dtype == torch.bfloat16 else "splitserve_lanes_gemm"
+    assert layers and all(m.few_rows_operands().kernel == name for m in layers)
+    g = torch.Generator().manual_seed(0)
+    for m in layers:
+        ops = m.few_rows_operands()
+        assert ops.rows == frozenset(range(1, 17))
+        assert ops.weight.numel() == -(-m.out_features // 16) * 16 * m.in_features  # the lanes copy, not the dense
+        x = torch.randn(17, m.in_features, generator=g).to(dtype)  # 16 rows to the lanes GEMM, 17 to oneDNN
+        torch.testing.assert_close(m(x[:16]).float(), m(x)[:16].float(), rtol=2 * RTOL[dtype], atol=2e-2)
+    assert core.runner.stack is not None and core.runner.stack.rows == frozenset(range(1, 17))
