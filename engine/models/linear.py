@@ -10,8 +10,10 @@ for prefill-sized steps (thousands of rows) and the decode gain a few percent; o
 the packed GEMM was 1.1-1.36x faster at 64, 512 and 4,096 rows (MKL takes a slow path from 2 to ~48 rows there),
 which made a batch-64 SmolLM2 decode step 1.33x faster. But its rounding is not MKL's: on SmolLM2 the logits
 then differ from transformers (which uses MKL) by up to 1.5e-4, against 6.9e-5 unpacked, over the 1e-4 the
-real-model test allows. So by default (``auto``) only bfloat16 weights are packed; ``on`` packs float32 too.
-Only CPU weights are packed.
+real-model test allows. So by default (``auto``) only bfloat16 weights were packed; ``on`` packs float32 too. Now ``auto`` packs a float32
+model as well where the output-lanes GEMM runs (AVX-512) and takes its decode-sized steps
+(``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256 rows
+going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
 
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) the few-rows kernel (cpu_gemm.py) reads each weight row once, where MKL's sgemm packs
@@ -33,10 +35,10 @@ Packed layers keep a second copy of their weight where a few-rows kernel beats t
 them). In float32 (``--weight-prepack on``) that is the dense weight for the few-rows kernel. In bfloat16 with
 AVX-512 BF16 it was the dense weight too, for the kernel's row-by-row pair products (1-11 rows on a Zen 5 host:
 SmolLM2's 30 layers and LM head at 1 row 3.7 against 5.7 ms, a batch-1 decode step 11.9 -> 9.4 ms); now it is a
-copy in the pair GEMM's layout (cpu_gemm.pair_pack: 16 outputs' weights for two k in each vector, so a step is one
+copy in the pair GEMM's layout (cpu_gemm.lanes_pack: 16 outputs' weights for two k in each vector, so a step is one
 broadcast x pair and one VDPBF16PS per 16 outputs, 8 x rows by 48 outputs in registers), written over the dense
 weight's own memory, so no more memory than before (but for a tied LM head: +56 MB for SmolLM2, the embedding
-staying dense for the lookup). Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair
+staying dense for the lookup). Float32 layers packed by ``auto`` do the same with one k a step (the lanes GEMM). Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair
 GEMM / row-by-row kernel / packed GEMM: 1 row 7.6 / 8.2 / 12.6 ms, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 / 14.4
 / 14.1, 32 rows 19.9 / - / 24.3, 64 rows 36.8 / - / 41.2 (369 against 330 GFLOP/s), 128 rows 69.2 / - / 73.9; the
 calibration there took it for 1-64 rows (the most it times)."""

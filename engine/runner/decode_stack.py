@@ -5,9 +5,9 @@ same inputs: the rows come out bit-identical to the per-layer path, which mixed 
 chunks) and every layout the stack does not take still run.
 
 It takes a step when every row is a decode row (a sequence's next token, or its draft nodes) and the row count
-is one the few-rows GEMM takes for every linear layer (the counts each layer's calibration chose; bfloat16 with
-AVX-512 BF16: the pair GEMM's, 1-64 for SmolLM2 on a Zen 4 host), one GEMM function for all of them, on CPU, for float32 or bfloat16 models without per-head QK norms whose KV pool has the
-model's dtype."""
+is one the few-rows GEMM takes for every linear layer (the counts each layer's calibration chose; with AVX-512:
+the output-lanes GEMM's, 1-256 for SmolLM2 on a Zen 4 host), one GEMM function for all of them, on CPU, for
+float32 or bfloat16 models without per-head QK norms whose KV pool has the model's dtype."""
 from __future__ import annotations
 
 import ctypes
