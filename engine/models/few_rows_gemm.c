@@ -497,7 +497,8 @@ static inline __attribute__((always_inline)) void lanes_tile(const float *x, int
         const int at = n0 + 16 * v, left = n_total - at;
         const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + at) : _mm512_setzero_ps();
-        for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(y + (int64_t)i * n_total + at, m, _mm512_add_ps(acc[v][i], b));
+        for (int i = 0; i < R; i++)
+            _mm512_mask_storeu_ps(y + (int64_t)i * n_total + at, m, _mm512_add_ps(acc[v][i], b));
     }
 }
 

@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 CALIBRATE_ROWS = (*range(1, 33), 40, 48, 56, 64)
 # the output-lanes GEMM's go on to 256 rows, short prompts' prefill chunks: over SmolLM2's 30 layers' shapes on a Zen 4
 # host, in bfloat16 it beat oneDNN's packed GEMM by 1.10x at 96 rows, 1.06x at 128, 1.03x at 192 and 1.01x at 256
-# (383-403 against 347-387 GFLOP/s), in float32 by 1.12x at 128 rows
-LANES_CALIBRATE_ROWS = (*CALIBRATE_ROWS, 96, 128, 192, 256)
+# (383-403 against 347-387 GFLOP/s), in float32 by 1.12x at 128 rows and 1.09x at 256. Sampled more sparsely (its
+# time moves with its 8-row tiles, not row by row): every count from 1 to 256 timed made the 150M model's first
+# float32 load 9.5 s against 1.3 with the answer cached (the same host)
+LANES_CALIBRATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 96, 128, 192, 256)
 CALIBRATE_MIN = 1 << 20  # weights with fewer elements are not timed
 # their row counts: 1-3 rows stay on MKL's single-row path for them, as before calibration (with the kernel there
 # too, the tiny model's PD logprobs differed from the colocated server's in the 4th decimal: not yet understood)
@@ -92,10 +94,11 @@ def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3,
                    counts: tuple[int, ...] = CALIBRATE_ROWS,
                    kernel: Callable[[torch.Tensor, int], torch.Tensor] | None = None) -> frozenset[int]:
     """The row counts in ``counts`` where ``kernel`` (the few-rows kernel on the dense weight; called as
-    ``baseline``) beats ``baseline`` (``F.linear``; called with the input and the weight's index) over ``weights`` (``working_set``: each count's time is all of them in turn) here. ``passes``
-    sweeps over the counts, each timing both ``reps`` times (best of each); a count's saving is its median over the
-    passes, so a disturbance during one sweep (another worker loading its model on the same cores) does not decide;
-    then the counts from 1 up to the one where the time saved in all is the largest (``best_prefix``, a sampled
+    ``baseline``) beats ``baseline`` (``F.linear``; called with the input and the weight's index) over ``weights``
+    (``working_set``: each count's time is all of them in turn) here. ``passes`` sweeps over the counts, each
+    timing both ``reps`` times (best of each); a count's saving is its median over the passes, so a disturbance
+    during one sweep (another worker loading its model on the same cores) does not decide; then the counts from 1
+    up to the one where the time saved in all is the largest (``best_prefix``, a sampled
     count weighted by the counts it stands for, and standing for all of them in the result), so one noisy count
     cannot punch a hole in the range or add a stray one, and every count up to the kernel's last takes the kernel:
     its result for a row does not depend on how many rows came with it, MKL's differs from it in the last bits, so a

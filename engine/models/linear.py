@@ -10,10 +10,10 @@ for prefill-sized steps (thousands of rows) and the decode gain a few percent; o
 the packed GEMM was 1.1-1.36x faster at 64, 512 and 4,096 rows (MKL takes a slow path from 2 to ~48 rows there),
 which made a batch-64 SmolLM2 decode step 1.33x faster. But its rounding is not MKL's: on SmolLM2 the logits
 then differ from transformers (which uses MKL) by up to 1.5e-4, against 6.9e-5 unpacked, over the 1e-4 the
-real-model test allows. So by default (``auto``) only bfloat16 weights were packed; ``on`` packs float32 too. Now ``auto`` packs a float32
-model as well where the output-lanes GEMM runs (AVX-512) and takes its decode-sized steps
-(``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256 rows
-going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
+real-model test allows. So by default (``auto``) only bfloat16 weights were packed; ``on`` packs float32 too.
+Now ``auto`` packs a float32 model as well where the output-lanes GEMM runs (AVX-512) and takes its decode-sized
+steps (``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256
+rows going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
 
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) the few-rows kernel (cpu_gemm.py) reads each weight row once, where MKL's sgemm packs
@@ -38,10 +38,11 @@ SmolLM2's 30 layers and LM head at 1 row 3.7 against 5.7 ms, a batch-1 decode st
 copy in the pair GEMM's layout (cpu_gemm.lanes_pack: 16 outputs' weights for two k in each vector, so a step is one
 broadcast x pair and one VDPBF16PS per 16 outputs, 8 x rows by 48 outputs in registers), written over the dense
 weight's own memory, so no more memory than before (but for a tied LM head: +56 MB for SmolLM2, the embedding
-staying dense for the lookup). Float32 layers packed by ``auto`` do the same with one k a step (the lanes GEMM). Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair
-GEMM / row-by-row kernel / packed GEMM: 1 row 7.6 / 8.2 / 12.6 ms, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 / 14.4
-/ 14.1, 32 rows 19.9 / - / 24.3, 64 rows 36.8 / - / 41.2 (369 against 330 GFLOP/s), 128 rows 69.2 / - / 73.9; the
-calibration there took it for 1-64 rows (the most it times)."""
+staying dense for the lookup). Float32 layers packed by ``auto`` do the same with one k a step (the lanes GEMM).
+Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair GEMM / row-by-row kernel / packed
+GEMM: 1 row 7.6 / 8.2 / 12.6 ms, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 / 14.4 / 14.1, 32 rows 19.9 / - / 24.3, 64
+rows 36.8 / - / 41.2 (369 against 330 GFLOP/s), 128 rows 69.2 / - / 73.9; the calibration there took it for 1-256
+rows (the most it times), in float32 too (docs/benchmarks.md, "The output-lanes GEMM")."""
 from __future__ import annotations
 
 import ctypes
@@ -115,11 +116,11 @@ class RowRoute:
 class PackedLinear(nn.Module):
     """``y = x @ W.T + b`` with W held in oneDNN's layout. Inputs are [rows, in_features]. ``route``: the row
     counts a few-rows kernel beats the packed GEMM at; those rows read a second copy of the weight (dense, or in
-    the pair GEMM's layout), which is then kept too."""
+    the output-lanes GEMM's layout), which is then kept too."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, route: RowRoute | None = None,
                  consume: bool = False) -> None:
-        """``consume``: the caller hands ``weight`` over (no one else reads it): a pair copy may take its memory."""
+        """``consume``: the caller hands ``weight`` over (no one else reads it): a lanes copy may take its memory."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = cpu_gemm.pack(weight)

@@ -1,9 +1,9 @@
 """The output-lanes GEMM (engine/models/few_rows_gemm.c: weights in blocks of 16 outputs, bfloat16 in pairs of k
 with AVX-512 BF16, float32 with AVX-512) equals a float64 product (rounded to bfloat16 in bfloat16), to within the
-rounding of its sums, for every row count it takes (tiles of up to 8 rows, partial ones and the uneven splits of larger counts too), with and without bias,
-on output counts that are and are not multiples of its 16-lane blocks and 3-block groups; a row's result does not
-depend on how many rows came with it; and a packed model routes the counts it calibrated to through it, keeping its
-copy in place of the dense weight."""
+rounding of its sums, for every row count it takes (tiles of up to 8 rows, partial ones and the uneven splits of
+larger counts too), with and without bias, on output counts that are and are not multiples of its 16-lane blocks
+and 3-block groups; a row's result does not depend on how many rows came with it; and a packed model routes the
+counts it calibrated to through it, keeping its copy in place of the dense weight."""
 from __future__ import annotations
 
 from pathlib import Path
