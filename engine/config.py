@@ -39,8 +39,9 @@ class ModelConfig:
         "help": "attention backend (torch everywhere; more on CUDA as they land)", "choices": ("auto", "torch")})
     weight_prepack: str = field(default="auto", metadata={
         "help": "on CPU, reorder linear weights once into oneDNN's GEMM layout: auto = bfloat16 weights (1.6-2.5x "
-                "faster matmuls, AMX where present), and for float32 a packed copy beside the dense weight for "
-                "prefill rows (decode rows stay on the batch-invariant few-rows kernel); on = float32 decode rows "
+                "faster matmuls, AMX where present), and for float32 a packed copy for prefill rows, the decode "
+                "rows staying on a batch-invariant native kernel (with AVX-512 both dtypes keep a copy repacked "
+                "for it, in place of the dense weight, for up to 256 rows where it wins); on = float32 decode rows "
                 "too (faster at batch 64 on an AMD EPYC, but a row's result then depends on its batch); off = "
                 "never",
         "choices": PREPACK_MODES})
