@@ -348,87 +348,6 @@ int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const ui
 
 /* the most rows splitserve_few_rows_gemm_bf16 takes */
 int splitserve_few_rows_bf16_max(void) { return ROWDOT_ROWS_BF16; }
-
-/* The pair GEMM: bfloat16 weights kept in a layout of their own (cpu_gemm.pair_pack), so that a vector holds 16
- * outputs' weights for two consecutive k: block b (outputs 16b to 16b + 15, zero rows past n) is [k / 2][16][2],
- * the blocks back to back. A step of k takes each x row's pair (k, k + 1) broadcast to every lane and one
- * VDPBF16PS per block, so the sums build up lane by lane along K, with no horizontal sum at the end, and a tile of
- * PAIR_ROWS x rows against PAIR_VECS blocks keeps 24 accumulators in registers: 3 weight loads and 8 broadcasts
- * for 24 products of 32 elements. Every output is one accumulator run over k from 0 to the end in the same order,
- * whatever the tile or the row count, so a row's result does not depend on its batch here either (though not the
- * same bits as the row-by-row loop above, which sums a row in 16 lanes along K and then a tree). */
-#define PAIR_ROWS 8 /* x rows per tile at most */
-#define PAIR_VECS 3 /* blocks of 16 outputs per tile */
-#define PAIR_MAX_ROWS MAX_ROWS
-
-static inline __attribute__((always_inline)) void pair_tile(const uint16_t *x, int k_dim, const int R,
-                                                            const uint16_t *wp, const int V, const uint16_t *bias,
-                                                            uint16_t *y, int n_total, int n0) {
-    __m512 acc[PAIR_VECS][PAIR_ROWS];
-    for (int v = 0; v < V; v++)
-        for (int i = 0; i < R; i++) acc[v][i] = _mm512_setzero_ps();
-    const int64_t block = (int64_t)16 * k_dim; /* elements a block */
-    for (int p = 0; p < k_dim / 2; p++) {
-        __m512bh w[PAIR_VECS];
-        for (int v = 0; v < V; v++) w[v] = (__m512bh)_mm512_loadu_si512(wp + v * block + (int64_t)p * 32);
-        for (int i = 0; i < R; i++) {
-            int32_t pair;
-            memcpy(&pair, x + (int64_t)i * k_dim + 2 * p, sizeof pair);
-            const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
-            for (int v = 0; v < V; v++) acc[v][i] = _mm512_dpbf16_ps(acc[v][i], xb, w[v]);
-        }
-    }
-    for (int v = 0; v < V; v++) {
-        const int at = n0 + 16 * v, left = n_total - at;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, bias + at)), 16))
-                              : _mm512_setzero_ps();
-        for (int i = 0; i < R; i++) {
-            uint16_t out[16];
-            storek_bf16(out, (vk)_mm512_add_ps(acc[v][i], b)); /* to nearest even, as f32_to_bf16 */
-            _mm256_mask_storeu_epi16(y + (int64_t)i * n_total + at, m, _mm256_loadu_si256((const __m256i *)out));
-        }
-    }
-}
-
-#define PAIR_CASE(R) \
-    case R: \
-        if (V == PAIR_VECS) pair_tile(x, k, R, wp, PAIR_VECS, bias, y, n, n0); \
-        else if (V == 2) pair_tile(x, k, R, wp, 2, bias, y, n, n0); \
-        else pair_tile(x, k, R, wp, 1, bias, y, n, n0); \
-        break;
-
-static __attribute__((noinline)) void pair_rows(const uint16_t *x, int k, int rows, const uint16_t *wp, int V,
-                                                const uint16_t *bias, uint16_t *y, int n, int n0) {
-    switch (rows) {
-        PAIR_CASE(1) PAIR_CASE(2) PAIR_CASE(3) PAIR_CASE(4) PAIR_CASE(5) PAIR_CASE(6) PAIR_CASE(7) PAIR_CASE(8)
-    }
-}
-
-/* y = x @ W^T (+ bias) for m (<= PAIR_MAX_ROWS) bfloat16 rows of x, W [n, k] in pair blocks (cpu_gemm.pair_pack;
- * k even). Parallel over groups of PAIR_VECS blocks; each group's x rows in tiles of at most PAIR_ROWS, as even as
- * possible, the group's weights from L1/L2 for every tile after the first. */
-int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, uint16_t *y, int m,
-                              int n, int k, int threads) {
-    if (m < 1 || m > PAIR_MAX_ROWS || n < 1 || k < 2 || k % 2) return -1;
-    const int blocks = (n + 15) / 16, groups = (blocks + PAIR_VECS - 1) / PAIR_VECS;
-    const int tiles = (m + PAIR_ROWS - 1) / PAIR_ROWS;
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
-    for (int g = 0; g < groups; g++) {
-        const int b0 = g * PAIR_VECS, V = blocks - b0 < PAIR_VECS ? blocks - b0 : PAIR_VECS;
-        const uint16_t *wg = wp + (int64_t)b0 * 16 * k;
-        for (int t = 0, done = 0; t < tiles; t++) {
-            const int rows = (m - done) / (tiles - t);
-            pair_rows(x + (int64_t)done * k, k, rows, wg, V, bias, y + (int64_t)done * n, n, 16 * b0);
-            done += rows;
-        }
-    }
-    return 0;
-}
-
-/* the most rows splitserve_pair_gemm_bf16 takes (0: none, where this CPU has no AVX-512 BF16) */
-int splitserve_pair_rows_max(void) { return PAIR_MAX_ROWS; }
 #else
 #include <stdlib.h>
 
@@ -456,87 +375,150 @@ int splitserve_few_rows_gemm_bf16(const uint16_t *x, const uint16_t *w, const ui
 }
 
 int splitserve_few_rows_bf16_max(void) { return MAX_ROWS; }
-
-int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, uint16_t *y, int m, int n,
-                              int k, int threads) {
-    (void)x, (void)wp, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
-    return -1;
-}
-
-int splitserve_pair_rows_max(void) { return 0; }
 #endif
 
-/* The lanes GEMM: the pair GEMM's scheme for float32 weights (cpu_gemm.lanes_pack: block b, outputs 16b to 16b + 15,
- * is [k][16], the blocks back to back): a step of k broadcasts each x row's element to every lane and takes one FMA
- * per block, 8 rows x 3 blocks (24 accumulators) a tile, each output one accumulator over k in order whatever the
- * tile or the row count. Over SmolLM2's 30 layers' float32 shapes on a Zen 4 host (2 threads, ad hoc, alternating),
- * against the row-dot loop and tiles above and oneDNN's packed GEMM: 1 row 9.9 / 14.2 / 19.7 ms, 4 rows 10.6 / 22.6
- * / 16.0, 8 rows 12.0 / 24.0 / 21.1, 16 rows 20.0 / 30.0 / 26.2, 64 rows 66.7 / 84.5 / 82.8, 128 rows 132.4 /
- * 170.5 / 148.0: the tiles' horizontal sums and their x loads along K cost more than broadcasts. */
+/* The output-lanes GEMM: weights kept in a layout of their own (cpu_gemm.lanes_pack), so that a vector holds 16
+ * outputs' weights: block b (outputs 16b to 16b + 15, zero rows past n) is [k][16] in float32, [k / 2][16][2] in
+ * bfloat16 (a 32-bit lane holds one output's weights for k and k + 1), the blocks back to back. A step takes 4 bytes
+ * of each x row (an element, or a bfloat16 pair) broadcast to every lane and one FMA (VDPBF16PS in bfloat16, with
+ * AVX-512 BF16: the pair GEMM) per block, so the sums build up lane by lane along K with no horizontal sum at the
+ * end, and a tile of LANES_ROWS x rows against LANES_VECS blocks keeps 24 accumulators in registers: 3 weight loads
+ * and 8 broadcasts for 24 FMAs. Every output is one accumulator run over k from 0 to the end in the same order,
+ * whatever the tile or the row count, so a row's result does not depend on its batch here either (though not the
+ * same bits as the row-dot loops and tiles above, which sum along K in lanes and then a tree).
+ * Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, ad hoc, alternating), ms: bfloat16 against the
+ * row-by-row loop above and oneDNN's packed GEMM, 1 row 7.6 / 8.2 / 12.6, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 /
+ * 14.4 / 14.1, 64 rows 36.8 / - / 41.2; float32 against the tiles above and oneDNN, 1 row 9.9 / 14.2 / 19.7, 4 rows
+ * 10.6 / 22.6 / 16.0, 16 rows 20.0 / 30.0 / 26.2, 64 rows 66.7 / 84.5 / 82.8, 128 rows 132.4 / 170.5 / 148.0: the
+ * tiles' horizontal sums and their x loads along K cost more than broadcasts. */
+#define LANES_ROWS 8 /* x rows per tile at most */
+#define LANES_VECS 3 /* blocks of 16 outputs per tile */
 #ifdef __AVX512F__
 #include <immintrin.h>
-#define LANES_ROWS 8
-#define LANES_VECS 3
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define LANES_BF16 1
+#else
+#define LANES_BF16 0
+#endif
 
-static inline __attribute__((always_inline)) void lanes_tile(const float *x, int k_dim, const int R, const float *wl,
-                                                             const int V, const float *bias, float *y, int n_total,
-                                                             int n0) {
+/* acc + x * w lane by lane: one float32 FMA, or (WB) the sum of each lane's bfloat16 pair products */
+static inline __attribute__((always_inline)) __m512 lanes_fma(__m512 acc, __m512 x, __m512 w, const int WB) {
+#if LANES_BF16
+    if (WB) return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+#endif
+    (void)WB;
+    return _mm512_fmadd_ps(x, w, acc);
+}
+
+/* R x rows against V blocks from output n0 on; WB: bfloat16 (a constant after inlining, as R and V) */
+static inline __attribute__((always_inline)) void lanes_tile(const char *x, int k_dim, const int R, const char *wl,
+                                                             const int V, const void *bias, void *y, int n_total,
+                                                             int n0, const int WB) {
     __m512 acc[LANES_VECS][LANES_ROWS];
     for (int v = 0; v < V; v++)
         for (int i = 0; i < R; i++) acc[v][i] = _mm512_setzero_ps();
-    const int64_t block = (int64_t)16 * k_dim;
-    for (int c = 0; c < k_dim; c++) {
+    const int64_t row = (int64_t)k_dim * (WB ? 2 : 4), block = 16 * row; /* bytes */
+    for (int c = 0; c < (WB ? k_dim / 2 : k_dim); c++) { /* 4 bytes of each x row, 64 of each block, a step */
         __m512 w[LANES_VECS];
-        for (int v = 0; v < V; v++) w[v] = _mm512_loadu_ps(wl + v * block + (int64_t)c * 16);
+        for (int v = 0; v < V; v++) w[v] = _mm512_loadu_ps(wl + v * block + (int64_t)c * 64);
         for (int i = 0; i < R; i++) {
-            const __m512 xb = _mm512_set1_ps(x[(int64_t)i * k_dim + c]);
-            for (int v = 0; v < V; v++) acc[v][i] = _mm512_fmadd_ps(xb, w[v], acc[v][i]);
+            int32_t bits;
+            memcpy(&bits, x + i * row + (int64_t)c * 4, sizeof bits);
+            const __m512 xb = _mm512_castsi512_ps(_mm512_set1_epi32(bits));
+            for (int v = 0; v < V; v++) acc[v][i] = lanes_fma(acc[v][i], xb, w[v], WB);
         }
     }
     for (int v = 0; v < V; v++) {
         const int at = n0 + 16 * v, left = n_total - at;
         const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + at) : _mm512_setzero_ps();
+#if LANES_BF16
+        if (WB) {
+            const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                        _mm256_maskz_loadu_epi16(m, (const uint16_t *)bias + at)), 16))
+                                  : _mm512_setzero_ps();
+            for (int i = 0; i < R; i++) {
+                uint16_t out[16];
+                storek_bf16(out, (vk)_mm512_add_ps(acc[v][i], b)); /* to nearest even, as f32_to_bf16 */
+                _mm256_mask_storeu_epi16((uint16_t *)y + (int64_t)i * n_total + at, m,
+                                         _mm256_loadu_si256((const __m256i *)out));
+            }
+            continue;
+        }
+#endif
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(m, (const float *)bias + at) : _mm512_setzero_ps();
         for (int i = 0; i < R; i++)
-            _mm512_mask_storeu_ps(y + (int64_t)i * n_total + at, m, _mm512_add_ps(acc[v][i], b));
+            _mm512_mask_storeu_ps((float *)y + (int64_t)i * n_total + at, m, _mm512_add_ps(acc[v][i], b));
     }
 }
 
 #define LANES_CASE(R) \
     case R: \
-        if (V == LANES_VECS) lanes_tile(x, k, R, wl, LANES_VECS, bias, y, n, n0); \
-        else if (V == 2) lanes_tile(x, k, R, wl, 2, bias, y, n, n0); \
-        else lanes_tile(x, k, R, wl, 1, bias, y, n, n0); \
+        if (V == LANES_VECS) lanes_tile(x, k, R, wl, LANES_VECS, bias, y, n, n0, WB); \
+        else if (V == 2) lanes_tile(x, k, R, wl, 2, bias, y, n, n0, WB); \
+        else lanes_tile(x, k, R, wl, 1, bias, y, n, n0, WB); \
         break;
 
-static __attribute__((noinline)) void lanes_rows(const float *x, int k, int rows, const float *wl, int V,
-                                                 const float *bias, float *y, int n, int n0) {
+static inline __attribute__((always_inline)) void lanes_rows_any(const char *x, int k, int rows, const char *wl,
+                                                                 int V, const void *bias, void *y, int n, int n0,
+                                                                 const int WB) {
     switch (rows) {
         LANES_CASE(1) LANES_CASE(2) LANES_CASE(3) LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) LANES_CASE(7)
         LANES_CASE(8)
     }
 }
+static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
+                                                     const void *bias, void *y, int n, int n0) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, 0);
+}
+#if LANES_BF16
+static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int rows, const char *wl, int V,
+                                                      const void *bias, void *y, int n, int n0) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, 1);
+}
+#endif
 
-/* y = x @ W^T (+ bias) for m (<= MAX_ROWS) float32 rows, W [n, k] in lane blocks; parallel as the pair GEMM */
-int splitserve_lanes_gemm(const float *x, const float *wl, const float *bias, float *y, int m, int n, int k,
-                          int threads) {
-    if (m < 1 || m > MAX_ROWS || n < 1 || k < 1) return -1;
+/* y = x @ W^T (+ bias) for m (<= MAX_ROWS) rows, W [n, k] in lane blocks (k even in bfloat16). Parallel over groups
+ * of LANES_VECS blocks; each group's x rows in tiles of at most LANES_ROWS, as even as possible, the group's weights
+ * from L1/L2 for every tile after the first. */
+static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, int m, int n, int k, int threads,
+                      const int WB) {
+    if (m < 1 || m > MAX_ROWS || n < 1 || k < 1 || (WB && k % 2)) return -1;
+    const int64_t es = WB ? 2 : 4;
     const int blocks = (n + 15) / 16, groups = (blocks + LANES_VECS - 1) / LANES_VECS;
     const int tiles = (m + LANES_ROWS - 1) / LANES_ROWS;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int g = 0; g < groups; g++) {
         const int b0 = g * LANES_VECS, V = blocks - b0 < LANES_VECS ? blocks - b0 : LANES_VECS;
+        const char *wg = (const char *)wl + (int64_t)b0 * 16 * k * es;
         for (int t = 0, done = 0; t < tiles; t++) {
             const int rows = (m - done) / (tiles - t);
-            lanes_rows(x + (int64_t)done * k, k, rows, wl + (int64_t)b0 * 16 * k, V, bias, y + (int64_t)done * n, n,
-                       16 * b0);
+            const char *xt = (const char *)x + (int64_t)done * k * es;
+            char *yt = (char *)y + (int64_t)done * n * es;
+#if LANES_BF16
+            if (WB) lanes_rows_bf16(xt, k, rows, wg, V, bias, yt, n, 16 * b0);
+            else
+#endif
+                lanes_rows_f32(xt, k, rows, wg, V, bias, yt, n, 16 * b0);
             done += rows;
         }
     }
     return 0;
 }
 
+int splitserve_lanes_gemm(const float *x, const float *wl, const float *bias, float *y, int m, int n, int k,
+                          int threads) {
+    return lanes_gemm(x, wl, bias, y, m, n, k, threads, 0);
+}
+
+/* the same for bfloat16 (the pair GEMM), where this CPU has AVX-512 BF16 */
+int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wl, const uint16_t *bias, uint16_t *y, int m,
+                              int n, int k, int threads) {
+    return LANES_BF16 ? lanes_gemm(x, wl, bias, y, m, n, k, threads, 1) : -1;
+}
+
+/* the most rows each takes (0: none on this CPU) */
 int splitserve_lanes_rows_max(void) { return MAX_ROWS; }
+int splitserve_pair_rows_max(void) { return LANES_BF16 ? MAX_ROWS : 0; }
 #else
 int splitserve_lanes_gemm(const float *x, const float *wl, const float *bias, float *y, int m, int n, int k,
                           int threads) {
@@ -544,5 +526,12 @@ int splitserve_lanes_gemm(const float *x, const float *wl, const float *bias, fl
     return -1;
 }
 
+int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wl, const uint16_t *bias, uint16_t *y, int m,
+                              int n, int k, int threads) {
+    (void)x, (void)wl, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)threads;
+    return -1;
+}
+
 int splitserve_lanes_rows_max(void) { return 0; }
+int splitserve_pair_rows_max(void) { return 0; }
 #endif
