@@ -115,16 +115,44 @@ def measure(core: EngineCore, prompts: list[list[int]], batch: int, max_new: int
     return out
 
 
+VARIANTS = ("ngram", "ngram_chain", "draft_model")
+
+
+def variant_name(text: str) -> str:
+    """``ngram``, or ``ngram@6`` (6 draft tokens): argparse's check of a --variants entry."""
+    name, at, k = text.partition("@")
+    if name not in VARIANTS or (at and not (k.isdigit() and 1 <= int(k) <= 16)):
+        raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(VARIANTS)}, optionally @K (1-16 draft tokens)")
+    return text
+
+
+def spec_for(variant: str, args: argparse.Namespace, path: Path) -> SpeculativeConfig:
+    """The speculation settings of a variant (``none`` is speculation off)."""
+    name, _, k = variant.partition("@")
+    tokens = int(k) if k else args.draft_tokens
+    if name == "none":
+        return SpeculativeConfig()
+    if name == "ngram":
+        return SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=tokens,
+                                 speculative_ngram_branches=args.ngram_branches, speculative_ngram_min=args.ngram_min)
+    if name == "ngram_chain":
+        return SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=tokens,
+                                 speculative_ngram_branches=1, speculative_ngram_min=2)
+    return SpeculativeConfig(speculative_algorithm="draft_model", speculative_num_draft_tokens=tokens,
+                             speculative_draft_model_path=args.draft_model or str(path),
+                             speculative_draft_dtype=args.draft_dtype)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--workloads", nargs="+", default=["copy", "random"], choices=["copy", "random"])
-    ap.add_argument("--variants", nargs="+", default=["ngram", "ngram_chain", "draft_model"],
-                    choices=["ngram", "ngram_chain", "draft_model"],
+    ap.add_argument("--variants", nargs="+", default=["ngram", "ngram_chain", "draft_model"], type=variant_name,
                     help="ngram: the defaults (a token tree); ngram_chain: one continuation, suffixes of 2-4 tokens "
-                         "(the defaults until 2026-12-05)")
+                         "(the defaults until 2026-12-05); draft_model. NAME@K: with K draft tokens instead of "
+                         "--draft-tokens (ngram@4 ngram@6 compares two lengths, interleaved)")
     ap.add_argument("--ngram-branches", type=int, default=SpeculativeConfig().speculative_ngram_branches)
     ap.add_argument("--ngram-min", type=int, default=SpeculativeConfig().speculative_ngram_min)
     ap.add_argument("--draft-model", default=None, help="draft_model's checkpoint (default: the target itself)")
@@ -144,17 +172,8 @@ def main() -> None:
         print(f"wrote {COPY_TASKS}")
         return
     path = model_dir(args.model)
-    specs = {"none": SpeculativeConfig(),
-             "ngram": SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=args.draft_tokens,
-                                        speculative_ngram_branches=args.ngram_branches,
-                                        speculative_ngram_min=args.ngram_min),
-             "ngram_chain": SpeculativeConfig(speculative_algorithm="ngram",
-                                              speculative_num_draft_tokens=args.draft_tokens,
-                                              speculative_ngram_branches=1, speculative_ngram_min=2),
-             "draft_model": SpeculativeConfig(
-                 speculative_algorithm="draft_model", speculative_num_draft_tokens=args.draft_tokens,
-                 speculative_draft_model_path=args.draft_model or str(path), speculative_draft_dtype=args.draft_dtype)}
     variants = ["none", *args.variants]
+    specs = {v: spec_for(v, args, path) for v in variants}
     rows: list[dict[str, Any]] = []
     top = max(args.batches)
     for dtype in args.dtypes:

@@ -112,3 +112,43 @@ def test_a_row_attends_to_the_same_bits_alone_and_in_a_batch(kv_dtype: torch.dty
     for b in range(len(lens)):
         alone = decode_attention(lib, q[b:b + 1], k_cache, v_cache, table[b:b + 1], lens[b:b + 1], page, dim ** -0.5)
         assert torch.equal(alone[0], batch[b]), b
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("generic", [False, True], ids=["fast", "generic"])
+@pytest.mark.parametrize("page", [4, 16, 32])
+@pytest.mark.parametrize("batch", [1, 6], ids=["alone", "batch"])
+def test_a_draft_node_attends_to_the_same_bits_as_plain_decoding(kv_dtype: torch.dtype, generic: bool, page: int,
+                                                                 batch: int) -> None:
+    """A tree node's keys past its kv_len come from its path's slots (anywhere in the pool); with the same K and V
+    there it gets the same bits as a row whose keys all sit in its pages, so an accepted draft's K/V and logits
+    are plain decoding's. Lengths end inside a 16-key block, on one, and across a page."""
+    lib = decode_kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the pure-torch path is used instead")
+    heads, kv_heads, dim, pages = 9, 3, 64, 200
+    gen = torch.Generator().manual_seed(page + batch)
+    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    cases = [(1, 3), (15, 1), (16, 5), (30, 4), (47, 2), (64, 7), (131, 6), (600, 5)]
+    for at in range(0, len(cases), batch):
+        group = cases[at:at + batch]
+        width = max(n + e for n, e in group) // page + 1
+        tables = torch.stack([torch.randperm(pages - 40, generator=gen)[:width] + 40 for _ in group])
+        extra = torch.zeros(len(group), 8, dtype=torch.long)
+        k_node, v_node = k_cache.clone(), v_cache.clone()
+        free = iter(torch.randperm(page * 40, generator=gen).tolist())  # slots of pages 0-39: no table uses them
+        for b, (n, e) in enumerate(group):
+            for j in range(e):  # the node's path: copies of positions n .. n + e - 1, somewhere else
+                pos = n + j
+                src = int(tables[b, pos // page]) * page + pos % page
+                extra[b, j] = dst = next(free)
+                k_node[dst], v_node[dst] = k_cache[src], v_cache[src]
+        q = torch.randn(len(group), heads, dim, generator=gen).to(kv_dtype)
+        plain = decode_attention(lib, q, k_cache, v_cache, tables, torch.tensor([n + e for n, e in group]), page,
+                                 dim ** -0.5, generic=generic)
+        node = decode_attention(lib, q, k_node, v_node, tables, torch.tensor([n for n, _ in group]), page,
+                                dim ** -0.5, generic=generic, extra_slots=extra,
+                                extra_lens=torch.tensor([e for _, e in group]))
+        for b, case in enumerate(group):
+            assert torch.equal(plain[b], node[b]), case

@@ -35,7 +35,10 @@
  * q/out [batch, heads, head_dim]; page_table [batch, max_pages] (int64); kv_lens [batch] (int64). A row may
  * also attend over slots of its own after its first kv_len positions (extra_slots [batch, max_extra], extra_lens
  * [batch], int64, or both NULL): a node of a speculative draft tree attends over its path, whose K/V sit at the
- * storage slots of its ancestors (engine/spec/tree.py), not at the positions before it.
+ * storage slots of its ancestors (engine/spec/tree.py), not at the positions before it. Those keys are taken as
+ * positions kv_len onwards, in the pages and blocks such positions have (keys_of): the node's result is bit for bit
+ * that of a row whose every key is in its pages (before 2026-12-07 they came one block each after the pages,
+ * and bfloat16 outputs of tree speculation parted from plain decoding's where a near-tie flipped).
  * dtype (of q and out) and kv_dtype (of the caches): 0 = float32, 1 = bfloat16, 2 = float16; a float32 model
  * may keep a 16-bit cache. Returns 0, -1 for unsupported shapes, -2 out of memory. */
 #include <math.h>
@@ -121,6 +124,34 @@ static inline int64_t chunks_of(int64_t chunk, int64_t len) {
 }
 static inline int64_t num_chunks(const Args *A, int64_t len) { return chunks_of(A->chunk, len); }
 
+/* Row b's keys: its first kv_len positions through the page table, then its extra slots (a draft tree node's path,
+ * one key each). The bodies walk them as one sequence of that length, in the same pages and blocks (by position)
+ * as a row whose keys all sit in its pages, so a node's result is bit for bit that of the same keys reached
+ * through the page table: an accepted draft's K, V and logits are those of plain decoding. */
+static inline int64_t keys_of(const int64_t *kv_lens, const int64_t *extra_lens, int b) {
+    return kv_lens[b] + (extra_lens ? extra_lens[b] : 0);
+}
+
+/* The first position of row b's keys from which pages are not read in place: the start of the page holding its
+ * first extra slot (the extras share that page's blocks with the stored keys before them), or all of them */
+static inline int64_t in_place_keys(const Args *A, int b) {
+    const int64_t len = A->kv_lens[b];
+    return A->extra_lens && A->extra_lens[b] ? len / A->page_size * A->page_size : len;
+}
+
+/* Element offsets (from element col0 of each slot) of row b's keys at positions [start, start + n): stored ones
+ * through the page table, the others from its extra slots */
+static inline void gather_rows(const Args *A, int b, int64_t start, int n, int64_t col0, int64_t *rows) {
+    const int64_t len = A->kv_lens[b], *pages = A->page_table + (int64_t)b * A->max_pages;
+    const int ps = A->page_size;
+    for (int t = 0; t < n; t++) {
+        const int64_t pos = start + t;
+        const int64_t slot = pos < len ? pages[pos / ps] * ps + pos % ps
+                                       : A->extra_slots[(int64_t)b * A->max_extra + pos - len];
+        rows[t] = slot * A->stride + col0;
+    }
+}
+
 /* Keys in each of a row's chunks but its last: whole pages, the row's keys spread evenly over num_chunks */
 static inline int64_t chunk_keys(const Args *A, int64_t len) {
     const int64_t n = num_chunks(A, len), pages = (len + A->page_size - 1) / A->page_size;
@@ -184,7 +215,7 @@ static inline void store_row(const Args *A, int64_t o, const float *src, float i
  * one, else the chunk's running max, denominator and accumulators, for merge_chunks. */
 static inline void finish_rows(const Args *A, int b, int64_t c, int64_t qrow, int rows, const float *acc,
                                const float *mx, const float *den, int D) {
-    if (num_chunks(A, A->kv_lens[b]) == 1) {
+    if (num_chunks(A, keys_of(A->kv_lens, A->extra_lens, b)) == 1) {
         for (int r = 0; r < rows; r++)
             store_row(A, (qrow + r) * D, acc + (int64_t)r * D, den[r] > 0.f ? 1.f / den[r] : 0.f, D);
         return;
@@ -202,7 +233,7 @@ static inline void finish_rows(const Args *A, int b, int64_t c, int64_t qrow, in
  * scaled by exp(its max - the largest), summed in chunk order (so a row's result depends on its length and the
  * chunk size only, not on its batch). */
 static void merge_chunks(const Args *A, int b, int h, int D) {
-    const int64_t nch = num_chunks(A, A->kv_lens[b]), step = (int64_t)A->num_heads * (D + 2);
+    const int64_t nch = num_chunks(A, keys_of(A->kv_lens, A->extra_lens, b)), step = (int64_t)A->num_heads * (D + 2);
     const float *p0 = A->partial + (A->chunk_base[b] * A->num_heads + h) * (D + 2);
     float m = -INFINITY, den = 0.f, acc[MAX_HEAD_DIM];
     for (int64_t c = 0; c < nch; c++) m = p0[c * step] > m ? p0[c * step] : m;
@@ -233,21 +264,18 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
     rows_to_f32(A->q, qrow * head_dim, head_dim, rows, head_dim, dtype, qf);
     for (int i = 0; i < rows * head_dim; i++) { qf[i] *= A->scale; acc[i] = 0.f; }
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; denom[r] = 0.f; }
-    const int64_t len = A->kv_lens[b];
+    const int64_t len = A->kv_lens[b], keys = keys_of(A->kv_lens, A->extra_lens, b), in_place = in_place_keys(A, b);
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
-    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0;
-    const int64_t num_pages = (len + page_size - 1) / page_size;
-    /* this task's pages [it0, it1): its chunk's (then its draft path, if the chunk is the row's last) */
-    const int64_t cp = A->chunk ? chunk_keys(A, len) / page_size : num_pages, it0 = c * cp;
+    const int64_t num_pages = (keys + page_size - 1) / page_size; /* of its keys, extras included */
+    /* this task's pages [it0, it1): its chunk's */
+    const int64_t cp = A->chunk ? chunk_keys(A, keys) / page_size : num_pages, it0 = c * cp;
     const int64_t it1 = it0 + cp < num_pages ? it0 + cp : num_pages;
-    for (int64_t it = it0; it < num_pages + extra; it++) {
+    for (int64_t it = it0; it < it1; it++) {
         const int64_t start = it * page_size;
-        int n;
-        int64_t off;
+        const int n = (int)((keys - start) < page_size ? (keys - start) : page_size);
+        int64_t off = 0;
         Spread P = {0};
-        if (it == it1 && it1 < num_pages) break; /* a chunk before the last */
-        if (it < num_pages) { /* a page of the sequence */
-            n = (int)((len - start) < page_size ? (len - start) : page_size);
+        if (start < in_place) { /* a page of the sequence, read in place */
             off = pages[start / page_size] * page_size * stride + (int64_t)kv0 * head_dim;
             const int64_t ps = start + (int64_t)PF_DIST * page_size; /* the page PF_DIST ahead */
             if (start == 0) /* a later chunk's first pages: the chunk before asked for them */
@@ -258,13 +286,20 @@ static inline __attribute__((always_inline)) void attend(const Args *A, float *s
                 P = (Spread){(const char *)A->k_cache + at, (const char *)A->v_cache + at, stride * elem, width * elem,
                              m, (m * ((width * elem + 63) / 64) + points - 1) / points, 0, 0};
             }
-        } else { /* one of the row's own slots past them (a draft tree node's path) */
-            n = 1;
-            off = A->extra_slots[(int64_t)b * A->max_extra + it - num_pages] * stride + (int64_t)kv0 * head_dim;
         }
         const float *kp, *vp;
         int64_t rs; /* row stride of kp/vp in floats */
-        if (kv_dtype == 0) {
+        if (start >= in_place) { /* the page holding the row's extra slots: its keys gathered */
+            int64_t at[MAX_PAGE];
+            gather_rows(A, b, start, n, (int64_t)kv0 * head_dim, at);
+            for (int t = 0; t < n; t++) {
+                rows_to_f32(A->k_cache, at[t], 0, 1, width, kv_dtype, kbuf + (int64_t)t * width);
+                rows_to_f32(A->v_cache, at[t], 0, 1, width, kv_dtype, vbuf + (int64_t)t * width);
+            }
+            kp = kbuf;
+            vp = vbuf;
+            rs = width;
+        } else if (kv_dtype == 0) {
             kp = (const float *)A->k_cache + off;
             vp = (const float *)A->v_cache + off;
             rs = stride;
@@ -394,13 +429,14 @@ static inline __attribute__((always_inline)) void touch_step(Touch *T) {
 /* Keys [t0, t0 + n) of one page (n <= 16, row `row0` = the page's first slot, offset to the task's first kv
  * head) against the G query rows of each of the task's nkv kv heads. */
 static inline __attribute__((always_inline)) void fast_block(const Args *A, float *qs, float *accs, float *dens,
-                                                              float *mx, int64_t row0, int n, int nkv,
-                                                              const int D, const int G, int64_t pf_row, Touch *T) {
+                                                              float *mx, int64_t row0, const int64_t *at, int n,
+                                                              int nkv, const int D, const int G, int64_t pf_row,
+                                                              Touch *T) {
     const int DV = D / 16, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
     const int64_t stride = A->stride;
     const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+#define KEY_ROW(t) ((at ? at[t] : row0 + (int64_t)(t) * stride) + (int64_t)h * D)
     for (int h = 0; h < nkv; h++) {
-        const int64_t hoff = row0 + (int64_t)h * D;
         float *qh = qs + (int64_t)h * G * D, *ah = accs + (int64_t)h * G * D, *dh = dens + (int64_t)h * G * 16;
         float *mh = mx + h * G;
         __m512 q[FAST_MAX_GROUP][8], part[FAST_MAX_GROUP][16];
@@ -420,7 +456,7 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
                 }
             }
             __m512 k[8];
-            for (int j = 0; j < DV; j++) k[j] = load16(A->k_cache, hoff + t * stride + 16 * j, kv_dtype);
+            for (int j = 0; j < DV; j++) k[j] = load16(A->k_cache, KEY_ROW(t) + 16 * j, kv_dtype);
             for (int g = 0; g < G; g++) {
                 __m512 s = _mm512_mul_ps(q[g][0], k[0]);
                 for (int j = 1; j < DV; j++) s = _mm512_fmadd_ps(q[g][j], k[j], s);
@@ -452,7 +488,7 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
         for (int t = 0; t < n; t++) {
             if (T) touch_step(T);
             __m512 v[8];
-            for (int j = 0; j < DV; j++) v[j] = load16(A->v_cache, hoff + t * stride + 16 * j, kv_dtype);
+            for (int j = 0; j < DV; j++) v[j] = load16(A->v_cache, KEY_ROW(t) + 16 * j, kv_dtype);
             for (int g = 0; g < G; g++) {
                 const __m512 w = _mm512_set1_ps(pw[g][t]);
                 for (int j = 0; j < DV; j++) acc[g][j] = _mm512_fmadd_ps(w, v[j], acc[g][j]);
@@ -461,6 +497,7 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
         for (int g = 0; g < G; g++)
             for (int j = 0; j < DV; j++) _mm512_storeu_ps(ah + g * D + 16 * j, acc[g][j]);
     }
+#undef KEY_ROW
 }
 
 /* Block k of a sequence (16 keys; a page holds page_size / 16): its first row (from element col0 of the slot),
@@ -490,7 +527,8 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
     const TaskState T0 = task_state(A, scratch, qrow, rows, D, 16);
     float *qs = T0.qs, *accs = T0.accs, *dens = T0.dens, *mx = T0.mx;
-    const int64_t len = A->kv_lens[b], stride = A->stride;
+    /* the keys read in place (their pages through the table), then the rest gathered (see keys_of) */
+    const int64_t len = in_place_keys(A, b), keys = keys_of(A->kv_lens, A->extra_lens, b), stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
     if (whole) { /* every kv head (whole rows) and whole 16-key blocks: see touch_step */
@@ -509,7 +547,7 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
                        cnt2 ? (const char *)A->k_cache + row2 * elem : NULL,
                        cnt2 ? (const char *)A->v_cache + row2 * elem : NULL, stride * elem, bytes, cnt1,
                        (cnt1 * (bytes / 64) + nkv * (16 + cnt) - 1) / (nkv * (16 + cnt)), 0, 0};
-            fast_block(A, qs, accs, dens, mx, row, cnt, nkv, D, G, -1, cnt1 ? &T : NULL);
+            fast_block(A, qs, accs, dens, mx, row, NULL, cnt, nkv, D, G, -1, cnt1 ? &T : NULL);
             while (cnt1 && T.r < T.rows) touch_step(&T);
             row = row1, cnt = cnt1, row1 = row2, cnt1 = cnt2;
         }
@@ -521,13 +559,16 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
         const int64_t pf_page = start / page_size + ahead, pf_row = pf_page < num_pages
             ? pages[pf_page] * page_size * stride + (int64_t)kv0 * D : -1;
         for (int t0 = 0; t0 < n; t0 += 16)
-            fast_block(A, qs, accs, dens, mx, row0 + t0 * stride, n - t0 < 16 ? n - t0 : 16, nkv, D, G,
+            fast_block(A, qs, accs, dens, mx, row0 + t0 * stride, NULL, n - t0 < 16 ? n - t0 : 16, nkv, D, G,
                        pf_row < 0 ? -1 : pf_row + t0 * stride, NULL);
     }
-    const int64_t extra = A->extra_lens ? A->extra_lens[b] : 0; /* a draft tree node's path: a key each */
-    for (int64_t e = 0; e < extra; e++)
-        fast_block(A, qs, accs, dens, mx, A->extra_slots[b * A->max_extra + e] * stride + (int64_t)kv0 * D, 1, nkv,
-                   D, G, -1, NULL);
+    for (int64_t start = len; start < keys; start += page_size) { /* the page holding extra slots, in its blocks */
+        const int n = (int)((keys - start) < page_size ? (keys - start) : page_size);
+        int64_t at[MAX_PAGE];
+        gather_rows(A, b, start, n, (int64_t)kv0 * D, at);
+        for (int t0 = 0; t0 < n; t0 += 16)
+            fast_block(A, qs, accs, dens, mx, 0, at + t0, n - t0 < 16 ? n - t0 : 16, nkv, D, G, -1, NULL);
+    }
     for (int r = 0; r < rows; r++) {
         const float den = _mm512_reduce_add_ps(_mm512_loadu_ps(dens + r * 16));
         store_row(A, (qrow + r) * D, accs + (int64_t)r * D, den > 0.f ? 1.f / den : 0.f, D);
@@ -606,14 +647,14 @@ static inline __m256 sum8x8(const __m256 *v) {
 /* Keys [0, n) (n <= 8) from row `row0` (the first key's slot, offset to the task's first kv head) against the G
  * query rows of each of the task's nkv kv heads. pf_row: the same rows of a page ahead, or -1. */
 static inline __attribute__((always_inline)) void avx2_block(const Args *A, float *qs, float *accs, float *dens,
-                                                              float *mx, int64_t row0, int n, int nkv, const int D,
-                                                              const int G, int64_t pf_row) {
+                                                              float *mx, int64_t row0, const int64_t *at, int n,
+                                                              int nkv, const int D, const int G, int64_t pf_row) {
     const int DV = D / 8, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
     const int64_t stride = A->stride;
     const __m256 valid = _mm256_castsi256_ps(
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+#define KEY_ROW(t) ((at ? at[t] : row0 + (int64_t)(t) * stride) + (int64_t)h * D)
     for (int h = 0; h < nkv; h++) {
-        const int64_t hoff = row0 + (int64_t)h * D;
         const float *qh = qs + (int64_t)h * G * D;
         __m256 part[FAST_MAX_GROUP][8];
         for (int t = 0; t < 8; t++) {
@@ -631,7 +672,7 @@ static inline __attribute__((always_inline)) void avx2_block(const Args *A, floa
             for (int j0 = 0; j0 < DV; j0 += 8) { /* 8 K vectors in registers, for every query row */
                 __m256 k[8];
                 for (int j = 0; j < 8 && j0 + j < DV; j++)
-                    k[j] = load8(A->k_cache, hoff + t * stride + 8 * (j0 + j), kv_dtype);
+                    k[j] = load8(A->k_cache, KEY_ROW(t) + 8 * (j0 + j), kv_dtype);
                 for (int g = 0; g < G; g++) {
                     const float *qg = qh + g * D + 8 * j0;
                     __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(qg), k[0]), s1 = _mm256_setzero_ps();
@@ -669,7 +710,7 @@ static inline __attribute__((always_inline)) void avx2_block(const Args *A, floa
                 for (int j = 0; j < VJ; j++) acc[g][j] = _mm256_loadu_ps(ah + g * D + 8 * (j0 + j));
             for (int t = 0; t < n; t++) {
                 __m256 v[VJ];
-                for (int j = 0; j < VJ; j++) v[j] = load8(A->v_cache, hoff + t * stride + 8 * (j0 + j), kv_dtype);
+                for (int j = 0; j < VJ; j++) v[j] = load8(A->v_cache, KEY_ROW(t) + 8 * (j0 + j), kv_dtype);
                 for (int g = 0; g < G; g++) {
                     const __m256 w = _mm256_broadcast_ss(&pw[g][t]);
                     for (int j = 0; j < VJ; j++) acc[g][j] = _mm256_fmadd_ps(w, v[j], acc[g][j]);
@@ -679,6 +720,7 @@ static inline __attribute__((always_inline)) void avx2_block(const Args *A, floa
                 for (int j = 0; j < VJ; j++) _mm256_storeu_ps(ah + g * D + 8 * (j0 + j), acc[g][j]);
         }
     }
+#undef KEY_ROW
 }
 
 /* Scratch floats of the AVX2 body for tasks of `per` kv heads: queries and accumulators (D each per query row),
@@ -694,25 +736,28 @@ static inline __attribute__((always_inline)) void attend_avx2(const Args *A, flo
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
     const TaskState T0 = task_state(A, scratch, qrow, rows, D, 8);
     float *qs = T0.qs, *accs = T0.accs, *dens = T0.dens, *mx = T0.mx;
-    const int64_t len = A->kv_lens[b], stride = A->stride;
+    /* keys before `len` read in place, then the page holding the extra slots gathered (see keys_of) */
+    const int64_t len = in_place_keys(A, b), keys = keys_of(A->kv_lens, A->extra_lens, b), stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
     const int64_t num_pages = (len + page_size - 1) / page_size, ahead = (PF_KEYS + page_size - 1) / page_size;
-    const int64_t ck = A->chunk ? chunk_keys(A, len) : len, k0 = c * ck, k1 = k0 + ck < len ? k0 + ck : len;
+    const int64_t ck = A->chunk ? chunk_keys(A, keys) : keys, k0 = c * ck, k1 = k0 + ck < keys ? k0 + ck : keys;
     for (int64_t start = k0; start < k1; start += page_size) {
-        const int n = (int)((len - start) < page_size ? (len - start) : page_size);
+        const int n = (int)((keys - start) < page_size ? (keys - start) : page_size);
+        if (start >= len) {
+            int64_t at[MAX_PAGE];
+            gather_rows(A, b, start, n, (int64_t)kv0 * D, at);
+            for (int t0 = 0; t0 < n; t0 += 8)
+                avx2_block(A, qs, accs, dens, mx, 0, at + t0, n - t0 < 8 ? n - t0 : 8, nkv, D, G, -1);
+            continue;
+        }
         const int64_t row0 = pages[start / page_size] * page_size * stride + (int64_t)kv0 * D;
         if (start == 0) prefetch_ahead(A, pages, start, len, (int64_t)kv0 * D, nkv * D * elem);
         const int64_t pf_page = start / page_size + ahead, pf_row = pf_page < num_pages
             ? pages[pf_page] * page_size * stride + (int64_t)kv0 * D : -1;
         for (int t0 = 0; t0 < n; t0 += 8)
-            avx2_block(A, qs, accs, dens, mx, row0 + t0 * stride, n - t0 < 8 ? n - t0 : 8, nkv, D, G,
+            avx2_block(A, qs, accs, dens, mx, row0 + t0 * stride, NULL, n - t0 < 8 ? n - t0 : 8, nkv, D, G,
                        pf_row < 0 ? -1 : pf_row + t0 * stride);
     }
-    /* a draft tree node's path, a key each, with the row's last chunk */
-    const int64_t extra = A->extra_lens && k1 == len ? A->extra_lens[b] : 0;
-    for (int64_t e = 0; e < extra; e++)
-        avx2_block(A, qs, accs, dens, mx, A->extra_slots[b * A->max_extra + e] * stride + (int64_t)kv0 * D,
-                   1, nkv, D, G, -1);
     float den[MAX_ROWS];
     for (int r = 0; r < rows; r++) den[r] = hsumk((vk)_mm256_loadu_ps(dens + r * 8));
     finish_rows(A, b, c, qrow, rows, accs, mx, den, D);
@@ -797,7 +842,8 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     float *partial = NULL;
     if (!chunk_base) return -2;
     chunk_base[0] = 0;
-    for (int b = 0; b < batch; b++) chunk_base[b + 1] = chunk_base[b] + chunks_of(chunk, kv_lens[b]);
+    for (int b = 0; b < batch; b++)
+        chunk_base[b + 1] = chunk_base[b] + chunks_of(chunk, keys_of(kv_lens, extra_lens, b));
     const int64_t chunks = chunk_base[batch];
     if (chunks > batch) { /* some rows have several chunks: their partial results, and each chunk's row */
         partial = malloc(sizeof(float) * (size_t)chunks * num_heads * (head_dim + 2));
@@ -824,10 +870,10 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     const fast_fn fast = generic_only ? NULL : pick_fast(head_dim, group, 0, kv_dtype),
                   fast_whole = generic_only ? NULL : pick_fast(head_dim, group, whole, kv_dtype);
     /* per-thread scratch: the fast body's state, or the generic body's query rows and accumulators plus one
-     * converted K and V page for 16-bit caches */
+     * converted K and V page for 16-bit caches or a page of gathered keys */
     const size_t floats = fast ? fast_scratch_floats(per, group, head_dim)
                                : (size_t)2 * per * group * head_dim +
-                                     (kv_dtype ? (size_t)2 * page_size * per * head_dim : 0);
+                                     (kv_dtype || extra_lens ? (size_t)2 * page_size * per * head_dim : 0);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
