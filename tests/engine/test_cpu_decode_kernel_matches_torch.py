@@ -152,3 +152,42 @@ def test_a_draft_node_attends_to_the_same_bits_as_plain_decoding(kv_dtype: torch
                                 extra_lens=torch.tensor([e for _, e in group]))
         for b, case in enumerate(group):
             assert torch.equal(plain[b], node[b]), case
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("page", [4, 16, 32])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2), (16, 2)])
+def test_rows_that_share_pages_get_the_bits_each_gets_alone(kv_dtype: torch.dtype, page: int, heads: int,
+                                                            kv_heads: int) -> None:
+    """A verification's rows (one sequence's newest token and draft nodes: the same pages, lengths one apart, some
+    with extra slots) and samples of one prompt (the same first pages, then their own) are read together where
+    they share keys; every row still gets the bits it gets alone."""
+    lib = decode_kernel()
+    if lib is None:
+        pytest.skip("no C compiler: the pure-torch path is used instead")
+    dim, pages = 64, 400
+    gen = torch.Generator().manual_seed(page * heads)
+    k_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    v_cache = torch.randn(pages * page, kv_heads, dim, generator=gen).to(kv_dtype)
+    width = 700 // page + 2
+    seq = torch.randperm(pages - 1, generator=gen)[:width] + 1
+    other = seq.clone()
+    other[300 // page:] = torch.randperm(pages - 1, generator=gen)[:width - 300 // page] + 1  # parts after 300 keys
+    lens = [517, 518, 519, 520, 518, 519, 40, 333, 350, 3, 17, 17]
+    tables = torch.stack([seq] * 6 + [seq, seq, other, seq, seq, seq])
+    extra_lens = torch.tensor([0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 3])
+    extra = torch.randint(1, pages * page, (len(lens), 3), generator=gen)
+    q = torch.randn(len(lens), heads, dim, generator=gen).to(kv_dtype)
+    kv_lens = torch.tensor(lens)
+    batch = decode_attention(lib, q, k_cache, v_cache, tables, kv_lens, page, dim ** -0.5, extra_slots=extra,
+                             extra_lens=extra_lens)
+    for b in range(len(lens)):
+        alone = decode_attention(lib, q[b:b + 1], k_cache, v_cache, tables[b:b + 1], kv_lens[b:b + 1], page,
+                                 dim ** -0.5, extra_slots=extra[b:b + 1], extra_lens=extra_lens[b:b + 1])
+        assert torch.equal(alone[0], batch[b]), b
+        slots = (tables[b].unsqueeze(1) * page + torch.arange(page)).reshape(-1)[:lens[b]]
+        slots = torch.cat([slots, extra[b, :int(extra_lens[b])]])
+        k, v = k_cache[slots].float().transpose(0, 1), v_cache[slots].float().transpose(0, 1)
+        ref = F.scaled_dot_product_attention(q[b].float().unsqueeze(1), k, v, scale=dim ** -0.5,
+                                             enable_gqa=True).squeeze(1)
+        assert (batch[b].float() - ref).abs().max().item() < (1e-5 if kv_dtype == torch.float32 else 2e-2), b
