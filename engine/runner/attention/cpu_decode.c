@@ -435,8 +435,9 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
     const int DV = D / 16, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
     const int64_t stride = A->stride;
     const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-#define KEY_ROW(t) ((at ? at[t] : row0 + (int64_t)(t) * stride) + (int64_t)h * D)
     for (int h = 0; h < nkv; h++) {
+        const int64_t hoff = row0 + (int64_t)h * D; /* key t's row: hoff + t * stride, or at[t] + h * D */
+#define KEY_ROW(t) (at ? at[t] + (int64_t)h * D : hoff + (int64_t)(t) * stride)
         float *qh = qs + (int64_t)h * G * D, *ah = accs + (int64_t)h * G * D, *dh = dens + (int64_t)h * G * 16;
         float *mh = mx + h * G;
         __m512 q[FAST_MAX_GROUP][8], part[FAST_MAX_GROUP][16];
@@ -500,6 +501,30 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
 #undef KEY_ROW
 }
 
+/* Keys [start, keys) of row b, gathered a page at a time (its extra slots and the stored keys that share their
+ * page), in the blocks of their positions, for the task's kv heads [kv0, kv0 + nkv) */
+#define TAIL_FN(D, G) \
+    static __attribute__((noinline)) void tail_##D##_##G(const Args *A, float *qs, float *accs, float *dens, \
+                                                         float *mx, int b, int kv0, int nkv, int64_t start, \
+                                                         int64_t keys) { \
+        for (; start < keys; start += A->page_size) { \
+            const int n = (int)((keys - start) < A->page_size ? (keys - start) : A->page_size); \
+            int64_t at[MAX_PAGE]; \
+            gather_rows(A, b, start, n, (int64_t)kv0 * D, at); \
+            for (int t0 = 0; t0 < n; t0 += 16) \
+                fast_block(A, qs, accs, dens, mx, 0, at + t0, n - t0 < 16 ? n - t0 : 16, nkv, D, G, -1, NULL); \
+        } \
+    }
+#define TAIL_FNS(D) TAIL_FN(D, 1) TAIL_FN(D, 2) TAIL_FN(D, 3) TAIL_FN(D, 4) TAIL_FN(D, 5) TAIL_FN(D, 6) \
+    TAIL_FN(D, 7) TAIL_FN(D, 8)
+TAIL_FNS(64)
+TAIL_FNS(128)
+typedef void (*tail_fn)(const Args *, float *, float *, float *, float *, int, int, int, int64_t, int64_t);
+static const tail_fn TAIL_64[FAST_MAX_GROUP] = {tail_64_1, tail_64_2, tail_64_3, tail_64_4,
+                                                tail_64_5, tail_64_6, tail_64_7, tail_64_8};
+static const tail_fn TAIL_128[FAST_MAX_GROUP] = {tail_128_1, tail_128_2, tail_128_3, tail_128_4,
+                                                 tail_128_5, tail_128_6, tail_128_7, tail_128_8};
+
 /* Block k of a sequence (16 keys; a page holds page_size / 16): its first row (from element col0 of the slot),
  * and in *count its keys (0 past the end) */
 static inline int64_t block_at(const Args *A, const int64_t *pages, int64_t len, int64_t k, int64_t col0,
@@ -562,12 +587,9 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
             fast_block(A, qs, accs, dens, mx, row0 + t0 * stride, NULL, n - t0 < 16 ? n - t0 : 16, nkv, D, G,
                        pf_row < 0 ? -1 : pf_row + t0 * stride, NULL);
     }
-    for (int64_t start = len; start < keys; start += page_size) { /* the page holding extra slots, in its blocks */
-        const int n = (int)((keys - start) < page_size ? (keys - start) : page_size);
-        int64_t at[MAX_PAGE];
-        gather_rows(A, b, start, n, (int64_t)kv0 * D, at);
-        for (int t0 = 0; t0 < n; t0 += 16)
-            fast_block(A, qs, accs, dens, mx, 0, at + t0, n - t0 < 16 ? n - t0 : 16, nkv, D, G, -1, NULL);
+    if (keys > len) { /* the page holding extra slots, in its blocks: out of line, so the walks above stay as tight */
+        const tail_fn tail = D == 64 ? TAIL_64[G - 1] : TAIL_128[G - 1];
+        tail(A, qs, accs, dens, mx, b, kv0, nkv, len, keys);
     }
     for (int r = 0; r < rows; r++) {
         const float den = _mm512_reduce_add_ps(_mm512_loadu_ps(dens + r * 16));
