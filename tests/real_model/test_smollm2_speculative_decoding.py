@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.config import SpeculativeConfig
 from engine.sampling_params import SamplingParams
@@ -94,6 +95,12 @@ def test_bfloat16_tree_speculation_gives_plain_decodings_tokens(smollm2_gguf: Pa
     ngram = SpeculativeConfig(speculative_algorithm="ngram", speculative_policy="acceptance")
     cores = [make_core(smollm2_gguf, page_size=16, dtype="bfloat16", speculative=spec)
              for spec in (SpeculativeConfig(), ngram)]
+    model = cores[1].runner.model
+    routes = [m.few_rows_operands() for m in model.modules() if hasattr(m, "few_rows_operands")]
+    if any(isinstance(m, torch.nn.Linear) for m in model.modules()) or not routes or any(
+            r is None or not set(range(1, 17)) <= set(r.rows) for r in routes):
+        pytest.skip("some bfloat16 layer takes 1-16 rows through oneDNN or MKL on this host (no AVX-512 BF16, or "
+                    "its calibration): their sums depend on the row count, so near-ties may flip")
     prompts = [cores[0].tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in tasks[:2]]
     outs = []
     for core in cores:
