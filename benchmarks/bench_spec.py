@@ -16,12 +16,15 @@ Each measurement runs max(B, 4) requests in groups of B (so batch 1 averages ove
 starts at once, steps until all have their first token, then its decode is timed; reported is output tokens
 after the first over the groups' decode time. Reported per variant: decode tokens/s, forward
 passes, accepted / drafted tokens, mean accepted drafts per verification, and the ratio variant / off of the same
-repeat (the median over repeats), and the share of requests whose output was the same in both variants (in
-float32 all of them; in bfloat16 a verification's rows are computed in a batch of another size, and a near-tie
-between two tokens can go the other way, as it can when the batch size changes without speculation).
+repeat (the median over repeats), and the share of requests whose output was the same in both variants (all of
+them where every layer's decode rows go through the batch-invariant kernels, as on an AVX-512 BF16 host in both
+dtypes; elsewhere a bfloat16 verification's rows may go through a GEMM whose sums depend on the row count, and a
+near-tie between two tokens can go the other way, as it can when the batch size changes without speculation).
+``NAME@K`` runs a variant with K draft tokens, so lengths compare interleaved in one run.
 
     python -m benchmarks.bench_spec --model smollm2 --dtypes float32 bfloat16 --batches 1 4 16 --repeats 3
     python -m benchmarks.bench_spec --variants ngram draft_model --draft-model /tmp/smollm2-8l --draft-dtype auto
+    python -m benchmarks.bench_spec --dtypes bfloat16 --batches 1 --workloads copy --variants ngram@4 ngram@8
 """
 from __future__ import annotations
 
