@@ -675,8 +675,9 @@ static inline __attribute__((always_inline)) void avx2_block(const Args *A, floa
     const int64_t stride = A->stride;
     const __m256 valid = _mm256_castsi256_ps(
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-#define KEY_ROW(t) ((at ? at[t] : row0 + (int64_t)(t) * stride) + (int64_t)h * D)
     for (int h = 0; h < nkv; h++) {
+        const int64_t hoff = row0 + (int64_t)h * D; /* key t's row: hoff + t * stride, or at[t] + h * D */
+#define KEY_ROW(t) (at ? at[t] + (int64_t)h * D : hoff + (int64_t)(t) * stride)
         const float *qh = qs + (int64_t)h * G * D;
         __m256 part[FAST_MAX_GROUP][8];
         for (int t = 0; t < 8; t++) {
