@@ -19,7 +19,8 @@ and with its model threads on every core ("vllm_allcores"), as ours runs. Report
 mean time per output token, the batch-64 job's duration, the start-up time and memory, batch-1 time per token
 over the floor of reading the weights once at the best read bandwidth sampled during the run
 (weight_read_floor_ms) and at the better of two samples taken just before and after that engine's batch-1 phase
-(the host's bandwidth moves by up to 2x over minutes: 33-65 GB/s on one Zen 4 host), and per row vLLM / ours (above 1: ours is better). ``--base REV`` adds engine "base":
+(the host's bandwidth moves by up to 2x over minutes: 33-65 GB/s on one Zen 4 host), and per row vLLM / ours
+(above 1: ours is better). ``--base REV`` adds engine "base":
 our server from a git worktree at REV, measured the same way, so a change to our server is an A/B with the same
 client in the same run. Each engine's measurement is printed as it completes; one that fails (its client got
 no request back) is printed as failed and left out of the table, and the others still report.

@@ -1,8 +1,10 @@
 """On the real model, speculative decoding (n-gram on a colocated server; a draft model, SmolLM2 itself in bfloat16
-under the float32 target, on a decode worker behind the PD router) gives exactly the output of a server without it, through the real ``openai`` client: greedy chat on copy-heavy
-and ordinary prompts (with a stop string that falls inside accepted drafts), streamed and not, and seeded sampling
-with n = 2 and logprobs. The copy task really speculates (accepted drafts counted on both speculating servers) and
-every pool returns to idle."""
+under the float32 target, on a decode worker behind the PD router) gives exactly the output of a server without it,
+through the real ``openai`` client: greedy chat on copy-heavy and ordinary prompts (with a stop string that falls
+inside accepted drafts), streamed and not, and seeded sampling with n = 2 and logprobs. The copy task really
+speculates (accepted drafts counted on both speculating servers) and every pool returns to idle. In process,
+bfloat16 with the n-gram tree gives plain decoding's tokens where every layer's decode rows go through the
+batch-invariant kernels."""
 from __future__ import annotations
 
 import json
