@@ -13,7 +13,7 @@ from engine.spec import Speculator
 from engine.spec.cost import StepCost
 from engine.spec.speculator import _by_value
 from engine.spec.tree import DraftTree
-from tests.drafters import RandomDrafter
+from tests.drafters import CountingForwards, OracleDrafter, RandomDrafter, drafting_always
 from tests.engine.test_spec_cost_model import learnt
 
 CFG = SpeculativeConfig(speculative_algorithm="ngram", speculative_num_draft_tokens=4)
@@ -258,3 +258,47 @@ def test_a_drafter_that_must_first_read_a_long_prompt_drafts_only_for_a_long_out
     free = spec_for(0.0)
     accepting(free, short, 0.95)
     assert free._pays(1, [(decoding(short), 4)])
+
+
+class _OracleWithEvidence(OracleDrafter):
+    """The oracle's drafts, tagged with the evidence prompt lookup would give them (``evidence``)."""
+
+    evidence = 0
+
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[list[int] | DraftTree]:
+        return [DraftTree.chain(d, self.evidence) for d in super().propose(reqs, limits)]
+
+
+def test_a_pausing_request_drafts_again_on_evidence_that_such_drafts_are_accepted(
+        tiny_model_dir) -> None:  # noqa: ANN001
+    """A request pausing after misses (copying stopped) still proposes with a drafter that costs nothing to ask,
+    and verifies the drafts whose kind of evidence is accepted over all requests (a long lookup match: copying
+    resumed), not those of a kind that mostly misses: with every draft correct, the strong kind cuts the forwards
+    to about a fifth, the weak kind leaves one forward a token."""
+    from tests.engine.conftest import make_core
+
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    plain = make_core(tiny_model_dir)
+    truth = {}
+    for rid in ("weak", "strong"):
+        req = plain.make_request([5, 6, 7, 8], params, detokenize=False, rid=rid)
+        plain.run_to_completion([req])
+        truth[rid] = req.output_ids
+    drafter = _OracleWithEvidence(truth)
+    core = make_core(tiny_model_dir, speculative=drafting_always(CFG), drafter=drafter)
+    forwards = CountingForwards(core)
+    for rid, evidence in (("weak", 1), ("strong", 4)):
+        core.spec.first_by_evidence = {1: 0.2, 4: 0.9}
+        drafter.evidence = evidence
+        req = core.make_request([5, 6, 7, 8], params, detokenize=False, rid=rid)
+        core.add_request(req)
+        while not req.output_ids:
+            core.step()
+        core.spec._track(req).pause = 1000
+        before = forwards.count
+        while not req.finished:
+            core.step()
+        assert req.output_ids == truth[rid]
+        steps = forwards.count - before
+        assert (steps >= 39) if rid == "weak" else (steps <= 12), (rid, steps)
+    core.check_integrity()
