@@ -69,10 +69,13 @@ BACKOFF_MIN, BACKOFF_MAX = 4, 8
 # of evidence has its first token accepted at least this often over all requests: copying resumes after a stretch
 # of new text, and a lookup that matched the last 2-4 tokens is the first sign of it. SmolLM2 bfloat16, batch 1,
 # bench_spec's copy tasks: pausing steps whose lookup matched 2-4 tokens would have had 76% of their drafts' first
-# tokens accepted (1 token: 41%). Drafting there, against pausing regardless (interleaved, 6 repeats): 1.72x ->
-# 1.80x plain decoding's tokens/s, 251 -> 237 forwards for 508 tokens (float32, 4 repeats: 1.90x -> 2.11x); random
-# prompts level (0.99x / 0.98x); batch 4 copy 1.11x -> 1.15x
+# tokens accepted (1 token: 41%). Drafting there, against pausing regardless (interleaved, 6 repeats, ngram / off):
+# 1.73x -> 1.85x, 246 -> 239 forwards for 508 tokens; random prompts at batch 16 level (0.93x / 0.99x, 4 repeats)
 STRONG_EVIDENCE = 0.5
+# verifications of a class before it counts as strong: a class's average starts from all requests' first-token
+# rate (1.0 at start) and moves by GLOBAL_EMA a verification, so a class seen a few times says little (random
+# prompts at batch 16: the 1-token class still read 0.81-0.86 after 3 verifications, none accepted)
+STRONG_SEEN = 16
 PROBE_EVERY = 64  # drafting steps: in one of this many every drafted request verifies at least one draft token
 PROBE_MAX = 2048  # the longest probe interval, reached while a costly drafter keeps not paying
 
@@ -126,6 +129,8 @@ class Speculator:
         # so never shows its later tokens, is not priced at four tokens a draft)
         self.first, self.deep = 1.0, 0.5
         self.first_by_evidence: dict[int, float] = {}  # ``first`` over all requests, per class of draft
+        self.seen_by_evidence: dict[int, int] = {}  # verifications that class was learnt from
+        self._strong: set[int] = set()  # the classes a pausing request drafts with (STRONG_EVIDENCE), this step
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
@@ -176,7 +181,7 @@ class Speculator:
         k = max(0, min(self.cfg.speculative_num_draft_tokens, req.max_new_tokens - len(req.output_ids) - 1))
         if track.pause > 0:
             track.pause -= 1
-            return (k, True) if self._cheap(k) else (0, False)
+            return (k, True) if self._strong and self._cheap(k) else (0, False)
         return k, False
 
     def _cheap(self, k: int) -> bool:
@@ -190,6 +195,8 @@ class Speculator:
         if self.hopeless:
             return batch
         seqs = [s for s in batch.seqs if s.num_tokens == 1]
+        self._strong = {e for e, rate in self.first_by_evidence.items()
+                        if rate >= STRONG_EVIDENCE and self.seen_by_evidence[e] >= STRONG_SEEN}
         limits = [self._limit(s) for s in seqs]
         chosen = [(s, k) for s, (k, _) in zip(seqs, limits) if k > 0]
         pausing = {s.req for s, (k, paused) in zip(seqs, limits) if k > 0 and paused}
@@ -225,8 +232,8 @@ class Speculator:
         trees = [self._checked(s.req, d if isinstance(d, DraftTree) else DraftTree.chain(d), k)
                  for (s, k), d in zip(chosen, drafts)]
         if pausing:  # a pausing request's draft goes on only on evidence that drafts of its kind are accepted
-            trees = [t if s.req not in pausing or self.first_by_evidence.get(t.evidence, 0.0) >= STRONG_EVIDENCE
-                     else DraftTree.chain([]) for (s, _), t in zip(chosen, trees)]
+            trees = [t if s.req not in pausing or t.evidence in self._strong else DraftTree.chain([])
+                     for (s, _), t in zip(chosen, trees)]
         for (s, _), t in zip(chosen, trees):
             self._track(s.req).evidence = t.evidence
         found = sorted(((self._rates(s.req, t.evidence), s.req, t) for (s, _), t in zip(chosen, trees) if len(t)),
@@ -328,6 +335,7 @@ class Speculator:
         if track.evidence:
             by = self.first_by_evidence.get(track.evidence, self.first)
             self.first_by_evidence[track.evidence] = (1 - GLOBAL_EMA) * by + GLOBAL_EMA * (hit > 0)
+            self.seen_by_evidence[track.evidence] = self.seen_by_evidence.get(track.evidence, 0) + 1
         if hit and k > 1:  # positions 2.. were tried: the one after the last accepted too, unless it was the last
             deep = (hit - 1) / min(hit, k - 1)
             track.deep = (1 - EMA) * track.deep + EMA * deep
