@@ -287,6 +287,14 @@ def test_a_pausing_request_drafts_again_on_evidence_that_such_drafts_are_accepte
         truth[rid] = req.output_ids
     drafter = _OracleWithEvidence(truth)
     core = make_core(tiny_model_dir, speculative=drafting_always(CFG), drafter=drafter)
+    # known costs, so that the drafter is the cheap kind whatever the host's timings (the tiny model's steps take
+    # about a millisecond, and a loaded host's proposal times come near the 5% that makes a drafter cheap)
+    step, draft = _Frozen(), _Frozen()
+    for rows in (1, 2, 4, 8):
+        step.observe(rows, 0.010)
+        draft.observe(rows, 1e-5 * rows)
+    step.frozen = draft.frozen = True
+    core.spec.cost, core.spec.draft_cost = step, draft
     forwards = CountingForwards(core)
     for rid, evidence in cases:
         core.spec.first_by_evidence = {1: 0.2, 4: 0.9, 3: 0.9}
