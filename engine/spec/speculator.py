@@ -196,7 +196,7 @@ class Speculator:
             return batch
         seqs = [s for s in batch.seqs if s.num_tokens == 1]
         self._strong = {e for e, rate in self.first_by_evidence.items()
-                        if rate >= STRONG_EVIDENCE and self.seen_by_evidence[e] >= STRONG_SEEN}
+                        if rate >= STRONG_EVIDENCE and self.seen_by_evidence.get(e, 0) >= STRONG_SEEN}
         limits = [self._limit(s) for s in seqs]
         chosen = [(s, k) for s, (k, _) in zip(seqs, limits) if k > 0]
         pausing = {s.req for s, (k, paused) in zip(seqs, limits) if k > 0 and paused}
