@@ -70,7 +70,7 @@ BACKOFF_MIN, BACKOFF_MAX = 4, 8
 # of new text, and a lookup that matched the last 2-4 tokens is the first sign of it. SmolLM2 bfloat16, batch 1,
 # bench_spec's copy tasks: pausing steps whose lookup matched 2-4 tokens would have had 76% of their drafts' first
 # tokens accepted (1 token: 41%). Drafting there, against pausing regardless (interleaved, 6 repeats, ngram / off):
-# 1.73x -> 1.85x, 246 -> 239 forwards for 508 tokens; random prompts at batch 16 level (0.93x / 0.99x, 4 repeats)
+# 1.73x -> 1.85x, 243 -> 239 forwards for 508 tokens; random prompts at batch 16 level (0.93x / 0.99x, 4 repeats)
 STRONG_EVIDENCE = 0.5
 # verifications of a class before it counts as strong: a class's average starts from all requests' first-token
 # rate (1.0 at start) and moves by GLOBAL_EMA a verification, so a class seen a few times says little (random
@@ -130,7 +130,6 @@ class Speculator:
         self.first, self.deep = 1.0, 0.5
         self.first_by_evidence: dict[int, float] = {}  # ``first`` over all requests, per class of draft
         self.seen_by_evidence: dict[int, int] = {}  # verifications that class was learnt from
-        self._strong: set[int] = set()  # the classes a pausing request drafts with (STRONG_EVIDENCE), this step
         self.drafted = 0  # draft tokens verified, and kept, since start
         self.accepted = 0
         self.verifications = 0  # drafted requests verified (one per request per step)
@@ -170,9 +169,10 @@ class Speculator:
             return t.first, t.deep
         return min(1.0, by * t.first / max(self.first, FIRST_FLOOR)), t.deep
 
-    def _limit(self, seq: ScheduledSeq) -> tuple[int, bool]:
-        """How deep ``seq`` may draft this step, and whether it is pausing (then only a cheap drafter proposes
-        for it, and only a draft of strong evidence goes on: ``draft``)."""
+    def _limit(self, seq: ScheduledSeq, pausing_drafts: bool) -> tuple[int, bool]:
+        """How deep ``seq`` may draft this step, and whether it is pausing (then it drafts only where
+        ``pausing_drafts``: the drafter is cheap and some evidence class strong; and only a draft of a strong class
+        goes on: ``draft``)."""
         req = seq.req
         if (seq.num_tokens != 1 or not seq.sample or not req.output_ids or req.hold_kv
                 or seq.start != req.seq_len - 1):
@@ -181,12 +181,13 @@ class Speculator:
         k = max(0, min(self.cfg.speculative_num_draft_tokens, req.max_new_tokens - len(req.output_ids) - 1))
         if track.pause > 0:
             track.pause -= 1
-            return (k, True) if self._strong and self._cheap(k) else (0, False)
+            return (k, True) if pausing_drafts else (0, False)
         return k, False
 
-    def _cheap(self, k: int) -> bool:
-        """Whether proposing ``k`` tokens costs the drafter a negligible share of a step (prompt lookup; not a
-        draft model), or its cost is not known yet."""
+    def _cheap(self) -> bool:
+        """Whether proposing a draft costs the drafter a negligible share of a step (prompt lookup; not a draft
+        model), or its cost is not known yet."""
+        k = self.cfg.speculative_num_draft_tokens
         own, base = self.draft_cost.estimate(k), self.cost.estimate(1)
         return own is None or base is None or own < CHEAP * base
 
@@ -195,9 +196,10 @@ class Speculator:
         if self.hopeless:
             return batch
         seqs = [s for s in batch.seqs if s.num_tokens == 1]
-        self._strong = {e for e, rate in self.first_by_evidence.items()
-                        if rate >= STRONG_EVIDENCE and self.seen_by_evidence.get(e, 0) >= STRONG_SEEN}
-        limits = [self._limit(s) for s in seqs]
+        strong = {e for e, rate in self.first_by_evidence.items()
+                  if rate >= STRONG_EVIDENCE and self.seen_by_evidence.get(e, 0) >= STRONG_SEEN}
+        pausing_drafts = bool(strong) and self._cheap()
+        limits = [self._limit(s, pausing_drafts) for s in seqs]
         chosen = [(s, k) for s, (k, _) in zip(seqs, limits) if k > 0]
         pausing = {s.req for s, (k, paused) in zip(seqs, limits) if k > 0 and paused}
         if not chosen:
@@ -232,7 +234,7 @@ class Speculator:
         trees = [self._checked(s.req, d if isinstance(d, DraftTree) else DraftTree.chain(d), k)
                  for (s, k), d in zip(chosen, drafts)]
         if pausing:  # a pausing request's draft goes on only on evidence that drafts of its kind are accepted
-            trees = [t if s.req not in pausing or t.evidence in self._strong else DraftTree.chain([])
+            trees = [t if s.req not in pausing or t.evidence in strong else DraftTree.chain([])
                      for (s, _), t in zip(chosen, trees)]
         for (s, _), t in zip(chosen, trees):
             self._track(s.req).evidence = t.evidence
