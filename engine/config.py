@@ -46,9 +46,10 @@ class ModelConfig:
                 "never",
         "choices": PREPACK_MODES})
     decode_stack: str = field(default="auto", metadata={
-        "help": "on CPU, run a decode step's decoder layers as one native call (the per-layer path's own kernels "
-                "in the same order: the same outputs, without ~10 Python calls a layer); auto = where the model, "
-                "dtype and row count allow, off = never (for A/B tests)", "choices": ("auto", "off")})
+        "help": "on CPU, run a step's decoder layers (decode rows and prefill chunks) as one native call (the "
+                "per-layer path's own kernels in the same order: the same outputs, without ~10 Python calls a "
+                "layer); auto = where the model, dtype and row count allow, off = never (for A/B tests)",
+        "choices": ("auto", "off")})
     huge_pages: str = field(default="auto", metadata={
         "help": "on CPU, keep the large weights in transparent huge pages (a batch-1 decode step streams them all: "
                 "1.04-1.06x faster on a Zen 1 host): auto = where the kernel's THP mode is madvise or always, "

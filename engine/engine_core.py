@@ -102,7 +102,7 @@ class EngineCore:
         backend = create_backend(mc.attention_backend, self.pool, self.arch.num_heads, self.arch.head_dim)
         self.runner = ModelRunner(self.model, self.pool, backend, self.device,
                                   hidden=drafter is not None and drafter.wants_hidden_states,
-                                  decode_stack=mc.decode_stack != "off")
+                                  layer_stack=mc.decode_stack != "off")
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.requests: dict[str, Request] = {}

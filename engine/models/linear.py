@@ -95,7 +95,7 @@ def _widest(weights: list[torch.Tensor]) -> torch.Tensor:
 
 
 class FewRowsOperands(NamedTuple):
-    """What a caller of the few-rows kernels itself (the native decode stack) needs to compute a layer's rows as
+    """What a caller of the few-rows kernels itself (the native layer stack) needs to compute a layer's rows as
     its ``forward`` does: the C function (``kernel``, a name in cpu_gemm.few_rows_kernel's library) and the row
     counts it takes, the weight in that function's layout and the bias."""
     kernel: str

@@ -137,7 +137,7 @@ int splitserve_kv_write(void *k_cache, void *v_cache, const int64_t *slots, int6
  * s = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (expk: its argument is never positive, so
  * nothing overflows). bfloat16 rounds silu(g) to bfloat16 before the product and then the product, as torch's
  * silu followed by mul_ does. One function for every row count, so a decoding row gets the same bits whether it
- * runs with a prefill chunk, alone or in the native decode stack (engine/runner/decode_stack.c). */
+ * runs with a prefill chunk, alone or in the native layer stack (engine/runner/layer_stack.c). */
 static inline vk siluk(vk g) {
     const vk zero = {0};
     const vki pos = g >= zero;

@@ -12,7 +12,7 @@ from engine.mem.kv_pool import KVPool
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionBackend, AttentionMeta, ExtendSeq
 from engine.runner.attention.torch_backend import TorchAttentionBackend
-from engine.runner.decode_stack import DecodeStack
+from engine.runner.layer_stack import LayerStack
 from engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from engine.spec.tree import depths, path
 
@@ -31,13 +31,13 @@ class ForwardOutput(NamedTuple):
 
 class ModelRunner:
     def __init__(self, model: CausalLM, pool: KVPool, backend: AttentionBackend, device: torch.device,
-                 hidden: bool = False, decode_stack: bool = True) -> None:
+                 hidden: bool = False, layer_stack: bool = True) -> None:
         """``hidden``: every forward also returns the final hidden states of all its rows (a drafter that reads
-        the target's features, engine/spec/base.py). ``decode_stack``: steps of decode rows run their layers as
-        one native call where they can (decode_stack.py)."""
+        the target's features, engine/spec/base.py). ``layer_stack``: steps run their layers as one native call
+        where they can (layer_stack.py)."""
         self.hidden = hidden
-        self.stack = (DecodeStack.build(model, pool, backend.scale, backend.native_decode)
-                      if decode_stack and isinstance(backend, TorchAttentionBackend) else None)
+        self.stack = (LayerStack.build(model, pool, backend.scale, backend.native_decode, backend.native_prefill)
+                      if layer_stack and isinstance(backend, TorchAttentionBackend) else None)
         self.model = model
         self.pool = pool
         self.backend = backend
@@ -151,10 +151,15 @@ class ModelRunner:
         args = (torch.tensor(ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device))
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        if self.stack is not None and self.stack.takes(meta):
-            h, residual = self.stack.run(*args, meta)
+        # the last layer projects out the rows whose logits are wanted only, unless every row's hidden state is
+        cut = not self.hidden and logit_rows != list(range(len(ids)))
+        if self.stack is not None and self.stack.takes(meta, len(logit_rows) if cut else None):
+            extend_args = self.backend.extend_args if isinstance(self.backend, TorchAttentionBackend) else None
+            h, residual = self.stack.run(*args, meta, extend_args, rows if cut else None)
             hidden = self.model.tail(h, residual, None) if self.hidden else None
-            logits = self.model.head(hidden[rows]) if hidden is not None else self.model.tail(h, residual, rows)
+            logits = (self.model.head(hidden[rows]) if hidden is not None
+                      else self.model.head(self.model.tail(h, residual, None)) if cut
+                      else self.model.tail(h, residual, rows))
         else:
             hidden = self.model(*args, None, self.backend) if self.hidden else None
             logits = self.model.head(hidden[rows]) if hidden is not None else self.model(*args, rows, self.backend)

@@ -57,9 +57,9 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
 
     def __init__(self, model: torch.nn.Module, arch: ArchConfig, kv_dtype: torch.dtype, device: torch.device,
-                 attention_backend: str, vocab_size: int, decode_stack: bool = True) -> None:
+                 attention_backend: str, vocab_size: int, layer_stack: bool = True) -> None:
         self.model, self.arch, self.device = model, arch, device
-        self.decode_stack = decode_stack
+        self.layer_stack = layer_stack
         self.kv_dtype = kv_dtype
         self.attention_backend = attention_backend
         self.vocab_size = min(vocab_size, arch.vocab_size)  # drafts stay inside the target's vocabulary
@@ -80,7 +80,7 @@ class DraftModelDrafter(Drafter):
                         self.kv_dtype)
         pool = KVPool(shape, self.device)
         backend = create_backend(self.attention_backend, pool, self.arch.num_heads, self.arch.head_dim)
-        self.runner = ModelRunner(self.model, pool, backend, self.device, decode_stack=self.decode_stack)
+        self.runner = ModelRunner(self.model, pool, backend, self.device, layer_stack=self.layer_stack)
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         log.info("draft model ready: arch=%s layers=%d kv_pages=%d", self.arch.architecture, self.arch.num_layers,
@@ -229,4 +229,4 @@ def load_draft_model(cfg: SpeculativeConfig, target: ModelConfig, tokenizer: Tok
                                 f"fewer than the target's {vocab_size} token ids; the draft could not read every "
                                 "token the target may see")
     return DraftModelDrafter(model, arch, torch_dtype, device, target.attention_backend, vocab_size,
-                             decode_stack=target.decode_stack != "off")
+                             layer_stack=target.decode_stack != "off")

@@ -45,10 +45,10 @@ def make_core(model_dir: Path, *, page_size: int = 4, max_total_tokens: int = 81
               policy: str = "fcfs", eviction: str = "lru", dtype: str = "float32",
               stall_timeout: float = 30.0, role: EngineRole | None = None, jump_forward: bool = True,
               speculative: SpeculativeConfig = SpeculativeConfig(), drafter: Drafter | None = None,
-              hicache: CacheConfig | None = None) -> EngineCore:
+              hicache: CacheConfig | None = None, decode_stack: str = "auto") -> EngineCore:
     """``hicache``: a CacheConfig whose HiCache fields are used (the pool's come from the arguments)."""
     return EngineCore(EngineConfig(
-        ModelConfig(model_path=str(model_dir), dtype=dtype),
+        ModelConfig(model_path=str(model_dir), dtype=dtype, decode_stack=decode_stack),
         dataclasses.replace(hicache or CacheConfig(), page_size=page_size, max_total_tokens=max_total_tokens,
                             disable_radix_cache=disable_radix_cache, radix_eviction_policy=eviction),
         SchedulerConfig(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens,

@@ -1,7 +1,8 @@
 """A prefill chunk's last decoder layer runs its output projection and MLP for the rows that give logits only (the
 sampling row of each prompt, prompt-logprob rows): no later layer reads the others. Every row's K/V is still
 written, so what follows the prompt is unchanged (checked against transformers in test_logits_match_transformers,
-and here against a run that computed every row)."""
+and here against a run that computed every row). This is the per-layer path (the native layer stack, which does
+the same, is checked bit for bit against it in test_layer_stack_matches_the_layers)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +38,7 @@ def generate(core, prompts: list[list[int]]) -> list[list[int]]:  # noqa: ANN001
 def test_only_the_sampling_rows_reach_the_last_layers_mlp_and_the_tokens_do_not_change(
         tiny_model_dir: Path, monkeypatch) -> None:  # noqa: ANN001
     prompts = [list(range(5, 45)), list(range(100, 123))]
-    core = make_core(tiny_model_dir, disable_radix_cache=True)
+    core = make_core(tiny_model_dir, disable_radix_cache=True, decode_stack="off")
     seen = mlp_rows(core)
     got = generate(core, prompts)
     first = seen[0]  # the prefill step: both prompts whole (63 rows), two of them sampling
@@ -51,4 +52,4 @@ def test_only_the_sampling_rows_reach_the_last_layers_mlp_and_the_tokens_do_not_
             h, residual = layer(h, residual, rope, backend)
         return self.tail(h, residual, logit_rows)
     monkeypatch.setattr(llama.CausalLM, "forward", every_row)
-    assert generate(make_core(tiny_model_dir, disable_radix_cache=True), prompts) == got
+    assert generate(make_core(tiny_model_dir, disable_radix_cache=True, decode_stack="off"), prompts) == got

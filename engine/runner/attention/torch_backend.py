@@ -43,6 +43,17 @@ class TorchAttentionBackend(AttentionBackend):
         """Whether decode rows attend through the CPU decode kernel (cpu_decode.c)."""
         return self._native is not None
 
+    @property
+    def native_prefill(self) -> bool:
+        """Whether prefill chunks attend through the CPU prefill kernel (cpu_prefill.c)."""
+        return self._prefill is not None
+
+    @property
+    def extend_args(self) -> tuple[torch.Tensor, ...] | None:
+        """The step's extends as the prefill kernel takes them (first rows, lengths, kv lengths, page table), built
+        by ``begin``; None without extends or without the kernel."""
+        return self._prefill_args
+
     def begin(self, meta: AttentionMeta) -> None:
         self._meta = meta
         device = self.pool.data.device

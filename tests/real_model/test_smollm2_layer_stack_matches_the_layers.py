@@ -1,6 +1,6 @@
 """On SmolLM2, in float32 and in bfloat16 (where the few-rows GEMM sits beside oneDNN's packed one), the native
-decode stack's logits equal the per-layer path's for every forward of a mixed run: plain decode steps, steps with
-prefill chunks, and n-gram draft-tree verifications (tests/engine/test_decode_stack_matches_the_layers.py has the
+layer stack's logits equal the per-layer path's for every forward of a mixed run: plain decode steps, steps with
+prefill chunks, and n-gram draft-tree verifications (tests/engine/test_layer_stack_matches_the_layers.py has the
 mechanics on the tiny models)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from engine.models.source import ModelSource
 from tests.drafters import drafting_always
 from tests.engine.conftest import make_core
-from tests.engine.test_decode_stack_matches_the_layers import check_mixed_run
+from tests.engine.test_layer_stack_matches_the_layers import check_mixed_run
 from tests.engine.test_speculative_decoding_is_lossless import NGRAM
 
 

@@ -1,11 +1,13 @@
-/* A decode step's decoder layers in one native call: for every layer, the same kernels the Python layer calls one
- * by one (engine/models/llama.py), in the same order, on the same inputs, so the rows come out bit-identical:
+/* A step's decoder layers in one native call: for every layer, the same kernels the Python layer calls one by one
+ * (engine/models/llama.py), in the same order, on the same inputs, so the rows come out bit-identical:
  *
  *   h = rms_norm(x [+ residual])            row_ops.c (the first layer copies x into the residual instead)
  *   qkv = h @ Wqkv^T (+ b)                  few_rows_gemm.c
  *   qk = rope(q and k inside qkv)           row_ops.c
  *   pool[slots] = k, v                      row_ops.c
- *   a = attention(q over each row's pages)  runner/attention/cpu_decode.c (draft tree paths included)
+ *   a = attention(q over each row's pages)  runner/attention/cpu_decode.c for decode rows (draft tree paths
+ *                                           included), cpu_prefill.c for prefill chunks
+ *   (last layer: a and residual cut to the rows whose logits are wanted, as CausalLM.forward does)
  *   h = rms_norm(a @ Wo^T + residual)       few_rows_gemm.c, row_ops.c
  *   x = (silu(gate) * up)(h @ Wgu^T) @ Wd^T few_rows_gemm.c, row_ops.c
  *
@@ -14,9 +16,10 @@
  * bfloat16 the few-rows GEMM read the weights in ~3.7 ms of an ~8 ms step. The kernels come in as function
  * pointers from the libraries the Python path loaded, so both paths run the same machine code; this file only
  * sequences them and owns the step's scratch. Rows are the step's decode rows (one per sequence, or a
- * sequence's newest token and its draft nodes); x holds the embeddings on entry and the last layer's MLP output
- * on return, residual the running sum (the model's final norm adds the two). Returns 0, or the first kernel's
- * nonzero code (then the step's outputs are undefined, and the caller raises). */
+ * sequence's newest token and its draft nodes), then its prefill chunks' rows; x holds the embeddings on entry,
+ * and on return the last layer's MLP output of the out rows (every row without them), residual their running
+ * sum (the model's final norm adds the two). Returns 0, or the first kernel's nonzero code (then the step's
+ * outputs are undefined, and the caller raises). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +38,11 @@ typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache, 
                        int page_size, int max_pages, int max_extra, float scale, int dtype, int kv_dtype,
                        int num_threads, int generic_only);
 typedef int (*act_fn)(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads);
+typedef int (*prefill_fn)(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *q_starts,
+                          const int64_t *q_lens, const int64_t *kv_lens, const int64_t *page_table, int num_seqs,
+                          int max_pages, int num_heads, int num_kv_heads, int head_dim, int page_size,
+                          int64_t q_stride, int64_t out_stride, float scale, int dtype, int kv_dtype,
+                          int num_threads);
 
 typedef struct {
     const void *w, *b; /* weight [n, k] in the GEMM function's layout (dense, or pair blocks), bias [n] or NULL */
@@ -53,6 +61,7 @@ typedef struct {
     kv_fn kv_write;
     attn_fn attention;
     act_fn act;
+    prefill_fn prefill; /* NULL: the stack takes no extends */
     const Layer *layers;
     int num_layers, hidden, heads, kv_heads, head_dim, inter, page_size, dtype;
     int64_t num_slots;
@@ -62,7 +71,11 @@ typedef struct {
 typedef struct {
     int rows, max_pages, max_extra, threads;
     const void *cos, *sin;                                   /* [rows, head_dim] in the model's dtype */
-    const int64_t *slots, *page_table, *kv_lens, *extra_slots, *extra_lens; /* AttentionMeta's */
+    const int64_t *slots, *page_table, *kv_lens, *extra_slots, *extra_lens; /* AttentionMeta's decode rows' */
+    int num_decode, num_extends, extend_max_pages, num_out;
+    /* the extends (prefill chunks, rows num_decode on): first row, rows, keys attended by the last, pages */
+    const int64_t *q_starts, *q_lens, *extend_kv_lens, *extend_page_table;
+    const int64_t *out_rows; /* [num_out]: the rows the last layer projects out (NULL: every row) */
 } Step;
 
 /* The step's activations live in buffers of their own (x and the residual are copied in and out), each at a
@@ -84,7 +97,7 @@ static int64_t buffer_bytes(int64_t bytes, int i) { return (bytes + SKEW * (i + 
         } \
     } while (0)
 
-int splitserve_decode_stack(const Stack *s, const Step *st, void *x_io, void *residual_io) {
+int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *residual_io) {
     const int t = st->rows, d = s->head_dim, q = s->heads * d, kv = s->kv_heads * d, qkv = q + 2 * kv;
     const int64_t es = s->dtype ? 2 : 4;
     const int64_t sizes[NBUF] = {(int64_t)t * s->hidden, (int64_t)t * s->hidden, (int64_t)t * s->hidden,
@@ -102,31 +115,54 @@ int splitserve_decode_stack(const Stack *s, const Step *st, void *x_io, void *re
     char *x = buf[0], *residual = buf[1], *h = buf[2], *qkv_out = buf[3], *qk = buf[4], *qc = buf[5],
          *attn = buf[6], *gu = buf[7], *act = buf[8];
     memcpy(x, x_io, (size_t)(sizes[0] * es));
-    const int nt = st->threads;
+    const int nt = st->threads, nd = st->num_decode, hid = s->hidden;
+    int m = t; /* rows carried through the layer's output projection and MLP */
     for (int l = 0; l < s->num_layers; l++) {
         const Layer *L = &s->layers[l];
         if (l == 0) {
             memcpy(residual, x, (size_t)(sizes[0] * es));
-            CHECK(s->norm(x, NULL, L->ln1, h, t, s->hidden, s->eps, s->dtype, nt));
+            CHECK(s->norm(x, NULL, L->ln1, h, t, hid, s->eps, s->dtype, nt));
         } else {
-            CHECK(s->norm(x, residual, L->ln1, h, t, s->hidden, s->eps, s->dtype, nt));
+            CHECK(s->norm(x, residual, L->ln1, h, t, hid, s->eps, s->dtype, nt));
         }
-        CHECK(s->gemm(h, L->qkv.w, L->qkv.b, qkv_out, t, qkv, s->hidden, nt));
+        CHECK(s->gemm(h, L->qkv.w, L->qkv.b, qkv_out, t, qkv, hid, nt));
         CHECK(s->rope(qkv_out, qkv, qk, st->cos, st->sin, t, s->heads + s->kv_heads, d, s->dtype, nt));
         CHECK(s->kv_write(L->k_cache, L->v_cache, st->slots, s->num_slots, qk + (int64_t)q * es,
                           qkv_out + (int64_t)(q + kv) * es, t, kv * es, (int64_t)(q + kv) * es, qkv * es, nt));
-        for (int r = 0; r < t; r++) memcpy(qc + (int64_t)r * q * es, qk + (int64_t)r * (q + kv) * es, (size_t)(q * es));
-        CHECK(s->attention(qc, L->k_cache, L->v_cache, attn, st->page_table, st->kv_lens, st->extra_slots,
-                           st->extra_lens, t, s->heads, s->kv_heads, d, s->page_size, st->max_pages, st->max_extra,
-                           s->scale, s->dtype, s->dtype, nt, 0));
-        CHECK(s->gemm(attn, L->o.w, L->o.b, x, t, s->hidden, q, nt));
-        CHECK(s->norm(x, residual, L->ln2, h, t, s->hidden, s->eps, s->dtype, nt));
-        CHECK(s->gemm(h, L->gate_up.w, L->gate_up.b, gu, t, 2 * s->inter, s->hidden, nt));
-        CHECK(s->act(gu, act, t, s->inter, s->dtype, nt));
-        CHECK(s->gemm(act, L->down.w, L->down.b, x, t, s->hidden, s->inter, nt));
+        if (nd) {
+            for (int r = 0; r < nd; r++)
+                memcpy(qc + (int64_t)r * q * es, qk + (int64_t)r * (q + kv) * es, (size_t)(q * es));
+            CHECK(s->attention(qc, L->k_cache, L->v_cache, attn, st->page_table, st->kv_lens, st->extra_slots,
+                               st->extra_lens, nd, s->heads, s->kv_heads, d, s->page_size, st->max_pages,
+                               st->max_extra, s->scale, s->dtype, s->dtype, nt, 0));
+        }
+        if (st->num_extends) {
+            if (!s->prefill) {
+                free(scratch);
+                return -1;
+            }
+            CHECK(s->prefill(qk, L->k_cache, L->v_cache, attn, st->q_starts, st->q_lens, st->extend_kv_lens,
+                             st->extend_page_table, st->num_extends, st->extend_max_pages, s->heads, s->kv_heads, d,
+                             s->page_size, q + kv, q, s->scale, s->dtype, s->dtype, nt));
+        }
+        const char *a = attn;
+        if (l == s->num_layers - 1 && st->out_rows) { /* only these rows' outputs are read after this layer */
+            m = st->num_out;
+            for (int r = 0; r < m; r++) {
+                memcpy(qc + (int64_t)r * q * es, attn + st->out_rows[r] * q * es, (size_t)(q * es));
+                memcpy(h + (int64_t)r * hid * es, residual + st->out_rows[r] * hid * es, (size_t)(hid * es));
+            }
+            memcpy(residual, h, (size_t)((int64_t)m * hid * es));
+            a = qc;
+        }
+        CHECK(s->gemm(a, L->o.w, L->o.b, x, m, hid, q, nt));
+        CHECK(s->norm(x, residual, L->ln2, h, m, hid, s->eps, s->dtype, nt));
+        CHECK(s->gemm(h, L->gate_up.w, L->gate_up.b, gu, m, 2 * s->inter, hid, nt));
+        CHECK(s->act(gu, act, m, s->inter, s->dtype, nt));
+        CHECK(s->gemm(act, L->down.w, L->down.b, x, m, hid, s->inter, nt));
     }
-    memcpy(x_io, x, (size_t)(sizes[0] * es));
-    memcpy(residual_io, residual, (size_t)(sizes[0] * es));
+    memcpy(x_io, x, (size_t)((int64_t)m * hid * es));
+    memcpy(residual_io, residual, (size_t)((int64_t)m * hid * es));
     free(scratch);
     return 0;
 }

@@ -1,13 +1,16 @@
-"""A decode step's decoder layers in one native call (decode_stack.c): the kernels each Python layer calls (the
-few-rows GEMM, the norm, RoPE, the KV write, decode attention, SiLU-and-multiply) sequenced in C, so a step of
+"""A step's decoder layers in one native call (layer_stack.c): the kernels each Python layer calls (the few-rows
+GEMM, the norm, RoPE, the KV write, decode and prefill attention, SiLU-and-multiply) sequenced in C, so a step of
 SmolLM2's 30 layers is one ctypes call instead of ~300 Python, ctypes and torch calls. Same kernels, same order,
-same inputs: the rows come out bit-identical to the per-layer path, which mixed steps (decode rows with prefill
-chunks) and every layout the stack does not take still run.
+same inputs: the rows come out bit-identical to the per-layer path, which every step and layout the stack does
+not take still runs.
 
-It takes a step when every row is a decode row (a sequence's next token, or its draft nodes) and the row count
-is one the few-rows GEMM takes for every linear layer (the counts each layer's calibration chose; with AVX-512:
-the output-lanes GEMM's, 1-256 for SmolLM2 on a Zen 4 host), one GEMM function for all of them, on CPU, for
-float32 or bfloat16 models without per-head QK norms whose KV pool has the model's dtype."""
+It takes a step whose row count (decode rows: a sequence's next token, or its draft nodes; and prefill chunks'
+rows), and the count of rows whose logits are wanted, are ones the few-rows GEMM takes for every linear layer
+(the counts each layer's calibration chose; with AVX-512: the output-lanes GEMM's, 1-256 for SmolLM2 on a Zen 4
+host), one GEMM function for all of them, on CPU, for float32 or bfloat16 models without per-head QK norms whose
+KV pool has the model's dtype. As in ``CausalLM.forward``, the last layer projects out only the rows whose
+logits are wanted: a prefill chunk's last. Measured: the prefill of one 128-token prompt of SmolLM2 (bfloat16,
+2 threads) spent ~13% of its time in the per-layer path's Python, one core waiting."""
 from __future__ import annotations
 
 import ctypes
@@ -41,7 +44,7 @@ class _Layer(ctypes.Structure):
 
 class _Stack(ctypes.Structure):
     _fields_ = [("gemm", _p), ("norm", _p), ("rope", _p), ("kv_write", _p), ("attention", _p), ("act", _p),
-                ("layers", ctypes.POINTER(_Layer)), *[(n, ctypes.c_int) for n in (
+                ("prefill", _p), ("layers", ctypes.POINTER(_Layer)), *[(n, ctypes.c_int) for n in (
                     "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "page_size", "dtype")],
                 ("num_slots", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
@@ -49,15 +52,17 @@ class _Stack(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("rows", ctypes.c_int), ("max_pages", ctypes.c_int), ("max_extra", ctypes.c_int),
                 ("threads", ctypes.c_int), ("cos", _p), ("sin", _p), ("slots", _p), ("page_table", _p),
-                ("kv_lens", _p), ("extra_slots", _p), ("extra_lens", _p)]
+                ("kv_lens", _p), ("extra_slots", _p), ("extra_lens", _p),
+                *[(n, ctypes.c_int) for n in ("num_decode", "num_extends", "extend_max_pages", "num_out")],
+                *[(n, _p) for n in ("q_starts", "q_lens", "extend_kv_lens", "extend_page_table", "out_rows")]]
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native.load(Path(__file__).with_name("decode_stack.c"))
+    lib = native.load(Path(__file__).with_name("layer_stack.c"))
     if lib is not None:
-        lib.splitserve_decode_stack.restype = ctypes.c_int
-        lib.splitserve_decode_stack.argtypes = [ctypes.POINTER(_Stack), ctypes.POINTER(_Step), _p, _p]
+        lib.splitserve_layer_stack.restype = ctypes.c_int
+        lib.splitserve_layer_stack.argtypes = [ctypes.POINTER(_Stack), ctypes.POINTER(_Step), _p, _p]
     return lib
 
 
@@ -69,18 +74,19 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-class DecodeStack:
+class LayerStack:
     """Built by ``build`` (None where it cannot run); ``takes`` says which steps it runs, ``run`` runs one."""
 
     def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int], gemm_name: str,
-                 operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]], lib: ctypes.CDLL) -> None:
+                 operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]], lib: ctypes.CDLL,
+                 prefill: ctypes.CDLL | None) -> None:
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         # looked up through their modules when built, so an engine built with another GEMM or attention kernel
         # (bench_decode_ab --gemm-base, --attention-base) runs it in the stack too
         kernels = cpu_gemm.few_rows_kernel(), row_ops.kernel(), cpu_kernels.decode_kernel()
         assert all(k is not None for k in kernels)
         gemm, rows_lib, attention = kernels
-        self.model, self.rows, self._lib = model, rows, lib
+        self.model, self.rows, self.extends, self._lib = model, rows, prefill is not None, lib
         self._layers = (_Layer * cfg.num_layers)()
         for i, (layer, ops) in enumerate(zip(model.layers, operands)):
             self._layers[i] = _Layer(layer.input_layernorm.weight.data_ptr(),
@@ -92,15 +98,19 @@ class DecodeStack:
             _fn(rows_lib, "splitserve_rms_norm"), _fn(rows_lib, "splitserve_rope"),
             _fn(rows_lib, "splitserve_kv_write"), _fn(attention, "splitserve_decode_attention"),
             _fn(rows_lib, "splitserve_silu_mul"),
+            None if prefill is None else _fn(prefill, "splitserve_prefill_attention"),
             self._layers, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.intermediate_size, pool.shape.page_size, row_ops.DTYPE_CODES[dtype], pool.shape.num_slots,
             model.layers[0].input_layernorm.eps, scale)
         self._keep = (pool, operands)  # the tensors whose addresses the structures hold
 
     @classmethod
-    def build(cls, model: CausalLM, pool: KVPool, scale: float, native_decode: bool) -> DecodeStack | None:
+    def build(cls, model: CausalLM, pool: KVPool, scale: float, native_decode: bool,
+              native_prefill: bool = False) -> LayerStack | None:
         """The stack for ``model`` over ``pool`` (``native_decode``: the attention backend decodes with the CPU
-        kernel, which the stack calls), or None where a layer, the pool or the host is one it does not take."""
+        kernel, which the stack calls; ``native_prefill``: it runs prefill chunks through the CPU prefill kernel,
+        so the stack takes steps with chunks too), or None where a layer, the pool or the host is one it does not
+        take."""
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         lib = _library()
         if (lib is None or not native_decode or cfg.qk_norm or dtype not in row_ops.DTYPE_CODES
@@ -128,32 +138,47 @@ class DecodeStack:
             operands.append(tuple(ops))
         if not rows or len(names) != 1:  # one GEMM function for every layer
             return None
-        log.info("native decode stack for %d-%d rows (%s)", min(rows), max(rows), *names)
-        return cls(model, pool, scale, rows, names.pop(), operands, lib)
+        prefill = cpu_kernels.prefill_kernel() if native_prefill else None
+        log.info("native layer stack for %d-%d rows (%s)%s", min(rows), max(rows), *names,
+                 ", prefill chunks too" if prefill is not None else "")
+        return cls(model, pool, scale, rows, names.pop(), operands, lib, prefill)
 
-    def takes(self, meta: AttentionMeta) -> bool:
-        """Whether ``run`` takes this step: decode rows only, a row count every layer's GEMM kernel takes."""
-        return not meta.extends and meta.num_decode in self.rows
+    def takes(self, meta: AttentionMeta, out_rows: int | None = None) -> bool:
+        """Whether ``run`` takes this step: its rows (decode rows, then prefill chunks' where the stack has the
+        prefill kernel) and the ``out_rows`` whose logits are wanted (None: every row) at counts every layer's
+        GEMM kernel takes."""
+        if meta.extends and not self.extends:
+            return False
+        rows = meta.num_decode + sum(e.q_len for e in meta.extends)
+        return rows in self.rows and (out_rows is None or out_rows in self.rows)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
-            meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last layer's MLP output and the running residual of every row, as the model's layers return them
-        (``CausalLM.tail`` turns them into logits or final hidden states)."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
+            extend_args: tuple[torch.Tensor, ...] | None = None,
+            out_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's MLP output and the running residual, as the model's layers return them
+        (``CausalLM.tail`` turns them into logits or final hidden states): of ``out_rows`` in their order, every
+        row's without them. ``extend_args``: the extends' first rows, lengths, kv lengths and page table (int64,
+        as the prefill kernel takes them; the attention backend builds them in ``begin``)."""
         model = self.model
         h = model.embed_tokens(input_ids)
         cos, sin = model.rope.table(positions, h.dtype)
-        residual = torch.empty_like(h)
+        out = h.shape[0] if out_rows is None else out_rows.shape[0]
+        residual = torch.empty(out, h.shape[1], dtype=h.dtype)
         has_extra = meta.decode_extra_slots is not None and meta.decode_extra_lens is not None
         table = meta.decode_page_table
+        ext = extend_args if meta.extends else None
+        assert not meta.extends or ext is not None, "a step with extends needs their tables"
         step = _Step(h.shape[0], table.shape[1], meta.decode_extra_slots.shape[1] if has_extra else 0,
                      torch.get_num_threads(), cos.data_ptr(), sin.data_ptr(), meta.out_slots.data_ptr(),
                      table.data_ptr(), meta.decode_kv_lens.data_ptr(),
                      _ptr(meta.decode_extra_slots) if has_extra else None,
-                     _ptr(meta.decode_extra_lens) if has_extra else None)
-        rc = self._lib.splitserve_decode_stack(ctypes.byref(self._stack), ctypes.byref(step), h.data_ptr(),
+                     _ptr(meta.decode_extra_lens) if has_extra else None,
+                     meta.num_decode, len(meta.extends), 0 if ext is None else ext[3].shape[1], out,
+                     *((None,) * 4 if ext is None else (t.data_ptr() for t in ext)), _ptr(out_rows))
+        rc = self._lib.splitserve_layer_stack(ctypes.byref(self._stack), ctypes.byref(step), h.data_ptr(),
                                                residual.data_ptr())
         if rc == -2:
-            raise MemoryError("the native decode stack could not allocate its scratch")
+            raise MemoryError("the native layer stack could not allocate its scratch")
         if rc != 0:
-            raise RuntimeError(f"the native decode stack's kernels refused the step ({rc}, {h.shape[0]} rows)")
-        return h, residual
+            raise RuntimeError(f"the native layer stack's kernels refused the step ({rc}, {h.shape[0]} rows)")
+        return h[:out], residual  # h held every row's embedding, and now the first `out` rows' output

@@ -1,10 +1,11 @@
-"""The native decode stack (engine/runner/decode_stack.c) computes what the per-layer path computes, bit for bit:
-every forward of a mixed run (decode rows alone, decode rows beside prefill chunks, draft-tree verifications whose
-rows attend over paths out of storage order, retraction in a tight pool) runs both ways on the same batch and the
-logits compare equal, on the tiny Llama and on a Qwen2 checkpoint (QKV bias). The stack takes the steps of decode
-rows only, at the row counts every layer's few-rows GEMM takes, and is left out with ``--decode-stack off``, for
-Qwen3's per-head norms and under a KV pool narrower than the model. SmolLM2 in float32 and bfloat16:
-tests/real_model/test_smollm2_decode_stack_matches_the_layers.py."""
+"""The native layer stack (engine/runner/layer_stack.c) computes what the per-layer path computes, bit for bit:
+every forward of a mixed run (decode rows alone, decode rows beside prefill chunks, prefill chunks alone, chunks
+over a cached prefix, draft-tree verifications whose rows attend over paths out of storage order, retraction in a
+tight pool) runs both ways on the same batch and the logits compare equal, on the tiny Llama and on a Qwen2
+checkpoint (QKV bias). The stack takes the steps whose rows, and rows whose logits are wanted, are counts every
+layer's few-rows GEMM takes, and is left out with ``--decode-stack off``, for Qwen3's per-head norms and under a
+KV pool narrower than the model. SmolLM2 in float32 and bfloat16:
+tests/real_model/test_smollm2_layer_stack_matches_the_layers.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
 from engine.runner.attention.base import AttentionMeta, ExtendSeq
-from engine.runner.decode_stack import DecodeStack
+from engine.runner.layer_stack import LayerStack
 from engine.sampling_params import SamplingParams
 from tests.drafters import TreeDrafter, drafting_always
 from tests.engine.conftest import make_core
@@ -31,12 +32,17 @@ class BothPaths:
         runner = core.runner
         stack = runner.stack
         assert stack is not None, "the stack was meant to be built"
-        self.forwards = self.stacked = 0
+        self.forwards = self.stacked = self.stacked_extends = self.cut = 0
         forward, run_stack = runner.forward, stack.run
 
         def counted(*args):  # noqa: ANN002, ANN202
             self.stacked += 1
-            return run_stack(*args)
+            self.stacked_extends += bool(args[2].extends)
+            h, residual = run_stack(*args)
+            if args[4] is not None:  # the last layer's rows: those whose logits are wanted, not every row
+                self.cut += 1
+                assert h.shape[0] == residual.shape[0] == args[4].shape[0] < args[0].shape[0]
+            return h, residual
         stack.run = counted  # type: ignore[method-assign]
 
         def both(batch):  # noqa: ANN001, ANN202
@@ -61,8 +67,8 @@ class BothPaths:
 def check_mixed_run(core: EngineCore, n: int = 8) -> BothPaths:
     both = BothPaths(core)
     run(core, prompts(n), [params(i) for i in range(n)])
-    assert both.stacked > 0, "no step was all decode rows at a count the stack takes"
-    assert both.stacked < both.forwards, "prefill steps go through the layers"
+    assert both.stacked > both.stacked_extends > 0, "the stack took decode steps and steps with prefill chunks"
+    assert both.cut > 0, "a prefill chunk's last layer ran over its sampling row alone"
     return both
 
 
@@ -71,7 +77,8 @@ def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, poo
     ref = run(make_core(tiny_model_dir), prompts(8), [params(i) for i in range(8)])
     core = make_core(tiny_model_dir, chunk=8, max_total_tokens=pool, speculative=drafting_always(NGRAM),
                      drafter=TreeDrafter({r.rid: r.output_ids for r in ref}, 4000))
-    check_mixed_run(core)
+    both = check_mixed_run(core)
+    assert both.stacked < both.forwards, "steps of more rows than the GEMM kernel takes go through the layers"
     if pool == 160:
         assert core.scheduler.num_retractions > 0, "the tight pool was meant to retract"
 
@@ -93,7 +100,7 @@ def test_plain_decoding_with_prompt_logprobs_matches(tiny_model_dir: Path) -> No
 
 def test_a_qwen2_checkpoint_with_qkv_bias_matches(tmp_path: Path, tiny_model_dir: Path) -> None:
     ckpt = write_hf_checkpoint(tmp_path / "qwen2", "qwen2", vocab_size=4096, tokenizer_from=tiny_model_dir)
-    core = make_core(ckpt, speculative=drafting_always(NGRAM))
+    core = make_core(ckpt, chunk=8, speculative=drafting_always(NGRAM))
     assert core.model.layers[0].self_attn.qkv_proj.bias is not None
     check_mixed_run(core)
 
@@ -104,16 +111,17 @@ def _core(model_dir: Path, decode_stack: str = "auto", kv_cache_dtype: str = "au
 
 
 def test_the_stack_is_left_out_where_it_does_not_apply(tiny_model_dir: Path, tmp_path: Path) -> None:
-    assert isinstance(_core(tiny_model_dir).runner.stack, DecodeStack)
+    assert isinstance(_core(tiny_model_dir).runner.stack, LayerStack)
     assert _core(tiny_model_dir, decode_stack="off").runner.stack is None
     assert _core(tiny_model_dir, kv_cache_dtype="bfloat16").runner.stack is None  # the K/V would need converting
     qwen3 = write_hf_checkpoint(tmp_path / "qwen3", "qwen3", tokenizer_from=tiny_model_dir)
     assert _core(qwen3).runner.stack is None  # per-head QK norms
 
 
-def test_the_stack_takes_only_decode_rows_at_its_row_counts(tiny_model_dir: Path) -> None:
-    stack = _core(tiny_model_dir).runner.stack
-    assert stack is not None and stack.rows
+def test_the_stack_takes_only_its_row_counts(tiny_model_dir: Path) -> None:
+    core = _core(tiny_model_dir)
+    stack = core.runner.stack
+    assert stack is not None and stack.rows and stack.extends
     inside, outside = min(stack.rows), max(stack.rows) + 1
 
     def meta(decodes: int, extends: tuple[ExtendSeq, ...] = ()) -> AttentionMeta:
@@ -122,4 +130,10 @@ def test_the_stack_takes_only_decode_rows_at_its_row_counts(tiny_model_dir: Path
                              torch.ones(decodes, 1, dtype=torch.long), extends)
     assert stack.takes(meta(inside))
     assert not stack.takes(meta(outside))
-    assert not stack.takes(meta(inside, (ExtendSeq(inside, 3, 3, torch.tensor([1])),)))
+    chunk = (ExtendSeq(inside, 3, 3, torch.tensor([1])),)
+    assert stack.takes(meta(inside, chunk)) == (inside + 3 in stack.rows)
+    assert not stack.takes(meta(outside, chunk))
+    assert not stack.takes(meta(0, chunk), out_rows=outside)  # the last layer's GEMMs run over the wanted rows
+    runner = core.runner
+    without = LayerStack.build(runner.model, runner.pool, runner.backend.scale, native_decode=True)
+    assert without is not None and not without.extends and not without.takes(meta(0, chunk))
