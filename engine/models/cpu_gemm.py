@@ -139,15 +139,18 @@ def lanes_pack(weight: torch.Tensor, consume: bool = False) -> torch.Tensor:
 
 def lanes_gemm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor, n: int,
                bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for CPU rows ``x`` (at most ``lanes_rows_max``) of ``packed`` =
-    ``lanes_pack(weight)``'s dtype, ``weight`` having ``n`` rows."""
+    """``F.linear(x, weight, bias)`` for CPU rows ``x`` of ``packed`` = ``lanes_pack(weight)``'s dtype, ``weight``
+    having ``n`` rows; in pieces of the kernel's most rows (``lanes_rows_max``: MAX_ROWS)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], n, dtype=packed.dtype)
     fn = lib.splitserve_pair_gemm_bf16 if packed.dtype == torch.bfloat16 else lib.splitserve_lanes_gemm
-    rc = fn(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), x.shape[0], n,
-            x.shape[1], torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"output-lanes GEMM refused the shapes {tuple(x.shape)} x ({n}, {x.shape[1]})")
+    step = x.shape[1] * x.element_size(), n * y.element_size()
+    for start in range(0, x.shape[0], MAX_ROWS):
+        rows = min(MAX_ROWS, x.shape[0] - start)
+        rc = fn(x.data_ptr() + start * step[0], packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                y.data_ptr() + start * step[1], rows, n, x.shape[1], torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"output-lanes GEMM refused the shapes {tuple(x.shape)} x ({n}, {x.shape[1]})")
     return y
 
 

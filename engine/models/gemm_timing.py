@@ -89,6 +89,34 @@ def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: 
     return frozenset({rows}) if statistics.median(saved) > 0 else frozenset()
 
 
+# the output-lanes GEMM takes every row count above those it was calibrated for (in pieces of MAX_ROWS) where at
+# BIG_ROWS rows over the working set it took no more than this times the packed GEMM's time: then every step can
+# run in the native layer stack (engine/runner/layer_stack.py), and no packed copy is kept. SmolLM2 on a Zen 4
+# host, 2 threads, SmolLM2's 120 weights: the two level at 512 and 2,048 rows in both dtypes (the packed GEMM
+# 1.00-1.03x the lanes GEMM's time); in the engine, a 512-token prompt's prefill 1.016x (bfloat16) and 1.055x
+# (float32) faster with the stack, a 4 x 512-token step 1.004-1.005x, PSS after load 205 / 548 MB less
+BEYOND_TIE = 1.03
+
+
+def lanes_beyond(weights: list[torch.Tensor], lanes: Callable[[torch.Tensor, int], torch.Tensor],
+                 packed: Callable[[torch.Tensor, int], torch.Tensor], reps: int = 2,
+                 passes: int = 3) -> frozenset[int]:
+    """``{BIG_ROWS}`` where ``lanes`` (called with the input and the weight's index) took at most BEYOND_TIE times
+    ``packed``'s time at BIG_ROWS rows over ``weights`` (the median ratio of ``passes``, each the best of
+    ``reps``), else nothing: a row_calibration answer."""
+    g = torch.Generator().manual_seed(0)
+    xs = {k: torch.randn(BIG_ROWS, k, generator=g).to(weights[0].dtype) for k in sorted({w.shape[1] for w in weights})}
+
+    def over(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[], None]:
+        def every_weight() -> None:
+            for i, w in enumerate(weights):
+                fn(xs[w.shape[1]], i)
+        return every_weight
+    with torch.inference_mode():
+        ratios = [best_of(over(lanes), reps) / best_of(over(packed), reps) for _ in range(passes)]
+    return frozenset({BIG_ROWS}) if statistics.median(ratios) <= BEYOND_TIE else frozenset()
+
+
 def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3, passes: int = 3,
                    baseline: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
                    counts: tuple[int, ...] = CALIBRATE_ROWS,

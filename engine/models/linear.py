@@ -42,12 +42,16 @@ staying dense for the lookup). Float32 layers packed by ``auto`` do the same wit
 Over SmolLM2's 30 layers' shapes on a Zen 4 host (2 threads, alternating), pair GEMM / row-by-row kernel / packed
 GEMM: 1 row 7.6 / 8.2 / 12.6 ms, 4 rows 8.5 / 10.8 / 12.7, 11 rows 11.6 / 14.4 / 14.1, 32 rows 19.9 / - / 24.3, 64
 rows 36.8 / - / 41.2 (369 against 330 GFLOP/s), 128 rows 69.2 / - / 73.9; the calibration there took it for 1-256
-rows (the most it times), in float32 too (docs/benchmarks.md, "The output-lanes GEMM")."""
+rows (the most it times), in float32 too (docs/benchmarks.md, "The output-lanes GEMM"). Where it took 256 and, in
+pieces of 256, kept level with the packed GEMM at 512 rows as well (``gemm_timing.lanes_beyond``; 1.00-1.03x there
+at 512 and 2,048 rows in both dtypes), it takes every count and the packed copy is dropped: every step can then run
+in the native layer stack, and SmolLM2's PSS after load is 205 MB (bfloat16) and 548 MB (float32) less."""
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -102,15 +106,18 @@ class FewRowsOperands(NamedTuple):
     rows: frozenset[int]
     weight: torch.Tensor
     bias: torch.Tensor | None
+    beyond: bool = False  # every count above ``rows`` too (in pieces of MAX_ROWS)
 
 
 @dataclasses.dataclass(frozen=True)
 class RowRoute:
     """The row counts a packed layer gives a few-rows kernel instead of the packed GEMM: the dense-weight kernel,
-    or, with ``lanes``, the output-lanes GEMM on a copy in its own layout (cpu_gemm.lanes_pack)."""
+    or, with ``lanes``, the output-lanes GEMM on a copy in its own layout (cpu_gemm.lanes_pack); with ``beyond``
+    (lanes only) every count above ``rows`` too, so no packed copy is kept."""
     lib: ctypes.CDLL
     rows: frozenset[int]
     lanes: bool
+    beyond: bool = False
 
 
 class PackedLinear(nn.Module):
@@ -123,14 +130,20 @@ class PackedLinear(nn.Module):
         """``consume``: the caller hands ``weight`` over (no one else reads it): a lanes copy may take its memory."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = cpu_gemm.pack(weight)
-        self.bias = None if bias is None else bias.detach().contiguous()
         self._route = route if route and route.rows and weight.dtype in KERNEL_DTYPES else None
+        everywhere = self._route is not None and self._route.lanes and self._route.beyond
+        self.packed = None if everywhere else cpu_gemm.pack(weight)  # None: the lanes GEMM takes every count
+        self.bias = None if bias is None else bias.detach().contiguous()
         self._copy = (None if self._route is None else cpu_gemm.lanes_pack(weight, consume) if self._route.lanes
                       else weight.detach().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         route = self._route
+        if self.packed is None:  # every input, as rows of the weight's dtype
+            assert route is not None and self._copy is not None
+            rows = x.reshape(-1, self.in_features).to(self._copy.dtype)
+            y = cpu_gemm.lanes_gemm(route.lib, rows, self._copy, self.out_features, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         if route is not None and x.dim() == 2 and x.shape[0] in route.rows and x.dtype == self.packed.dtype:
             if route.lanes:
                 return cpu_gemm.lanes_gemm(route.lib, x, self._copy, self.out_features, self.bias)
@@ -146,7 +159,7 @@ class PackedLinear(nn.Module):
         bf16 = self._copy.dtype == torch.bfloat16
         name = (("splitserve_pair_gemm_bf16" if bf16 else "splitserve_lanes_gemm") if route.lanes
                 else "splitserve_few_rows_gemm_bf16" if bf16 else "splitserve_few_rows_gemm")
-        return FewRowsOperands(name, route.rows, self._copy, self.bias)
+        return FewRowsOperands(name, route.rows, self._copy, self.bias, self.packed is None)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -195,18 +208,36 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> RowRoute | None:
         return None
     counts = gemm_timing.LANES_CALIBRATE_ROWS if lanes else gemm_timing.calibrated_counts(lib, widest.dtype)
 
-    def measure() -> frozenset[int]:
-        packed = [cpu_gemm.pack(w) for w in timed]
-        copies = [cpu_gemm.lanes_pack(w) for w in timed] if lanes else []
+    packed: list[torch.Tensor] = []
+    copies: list[torch.Tensor] = []
+
+    def operands() -> tuple[Callable[[torch.Tensor, int], torch.Tensor] | None,
+                            Callable[[torch.Tensor, int], torch.Tensor]]:
+        """The kernel and the packed GEMM over the timed weights, as calibrations call them."""
+        if not packed:
+            packed.extend(cpu_gemm.pack(w) for w in timed)
+            if lanes:
+                copies.extend(cpu_gemm.lanes_pack(w) for w in timed)
         kernel = (lambda x, i: cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)) if lanes else None
-        return gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel,
-                                          baseline=lambda x, i: cpu_gemm.onednn_linear(x, packed[i], None))
+        return kernel, lambda x, i: cpu_gemm.onednn_linear(x, packed[i], None)
+
+    def measure() -> frozenset[int]:
+        kernel, baseline = operands()
+        return gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel, baseline=baseline)
+
+    def measure_beyond() -> frozenset[int]:
+        kernel, baseline = operands()
+        assert kernel is not None
+        return gemm_timing.lanes_beyond(timed, kernel, baseline)
     bf16 = widest.dtype == torch.bfloat16
     stem = gemm_timing.kernel_key(lib, timed) + ("-lanes" if lanes else "") + ("-bf16" if bf16 else "")
     rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-vs-packed"), measure)
-    log.info("%s for %s rows next to the packed GEMM (%s)", "output-lanes GEMM" if lanes else "few-rows kernel",
-             gemm_timing.ranges(rows) or "no", str(widest.dtype).replace("torch.", ""))
-    return RowRoute(lib, rows, lanes) if rows else None
+    beyond = lanes and max(counts) in rows and bool(row_calibration.cached_rows(
+        row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"), measure_beyond))
+    log.info("%s for %s rows next to the packed GEMM (%s)%s", "output-lanes GEMM" if lanes else "few-rows kernel",
+             gemm_timing.ranges(rows) or "no", str(widest.dtype).replace("torch.", ""),
+             f", and above: level with it at {gemm_timing.BIG_ROWS} rows (no packed copy kept)" if beyond else "")
+    return RowRoute(lib, rows, lanes, beyond) if rows else None
 
 
 class FewRowsLinear(nn.Linear):

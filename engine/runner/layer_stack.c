@@ -15,7 +15,7 @@
  * torch's dispatch and allocation (tens of microseconds together) while the arithmetic of a row is a few: in
  * bfloat16 the few-rows GEMM read the weights in ~3.7 ms of an ~8 ms step. The kernels come in as function
  * pointers from the libraries the Python path loaded, so both paths run the same machine code; this file only
- * sequences them and owns the step's scratch. Rows are the step's decode rows (one per sequence, or a
+ * sequences them (its scratch kept by the caller across steps). Rows are the step's decode rows (one per sequence, or a
  * sequence's newest token and its draft nodes), then its prefill chunks' rows; x holds the embeddings on entry,
  * and on return the last layer's MLP output of the out rows (every row without them), residual their running
  * sum (the model's final norm adds the two). Returns 0, or the first kernel's nonzero code (then the step's
@@ -66,6 +66,7 @@ typedef struct {
     int num_layers, hidden, heads, kv_heads, head_dim, inter, page_size, dtype;
     int64_t num_slots;
     float eps, scale;
+    int gemm_rows; /* the most rows one GEMM call takes: more go in pieces */
 } Stack;
 
 typedef struct {
@@ -76,6 +77,7 @@ typedef struct {
     /* the extends (prefill chunks, rows num_decode on): first row, rows, keys attended by the last, pages */
     const int64_t *q_starts, *q_lens, *extend_kv_lens, *extend_page_table;
     const int64_t *out_rows; /* [num_out]: the rows the last layer projects out (NULL: every row) */
+    void *scratch;           /* splitserve_layer_stack_scratch(rows) bytes, 4 KiB aligned; NULL: allocated here */
 } Step;
 
 /* The step's activations live in buffers of their own (x and the residual are copied in and out), each at a
@@ -88,25 +90,53 @@ typedef struct {
 /* buffer i's share of the scratch: whole pages, the buffer starting SKEW * (i + 1) bytes into the first */
 static int64_t buffer_bytes(int64_t bytes, int i) { return (bytes + SKEW * (i + 1) + 4095) / 4096 * 4096; }
 
+/* y[m, n] = x[m, k] @ W^T (+ b), in pieces of the GEMM function's most rows */
+static int gemm_pieces(const Stack *s, const void *x, const Linear *w, void *y, int m, int n, int k, int nt) {
+    const int64_t es = s->dtype ? 2 : 4;
+    for (int r = 0; r < m; r += s->gemm_rows) {
+        const int rows = m - r < s->gemm_rows ? m - r : s->gemm_rows;
+        const int rc = s->gemm((const char *)x + (int64_t)r * k * es, w->w, w->b, (char *)y + (int64_t)r * n * es,
+                               rows, n, k, nt);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 #define CHECK(call) \
     do { \
         const int rc_ = (call); \
         if (rc_) { \
-            free(scratch); \
+            free(own); \
             return rc_; \
         } \
     } while (0)
 
+static void buffer_sizes(const Stack *s, int t, int64_t sizes[NBUF]) {
+    const int q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
+    const int64_t per_row[NBUF] = {s->hidden, s->hidden, s->hidden, q + 2 * kv, q + kv, q, q, 2 * s->inter, s->inter};
+    for (int i = 0; i < NBUF; i++) sizes[i] = (int64_t)t * per_row[i] * (s->dtype ? 2 : 4);
+}
+
+/* The scratch bytes a step of `rows` rows needs (the caller may keep one buffer of that size for every step: a
+ * fresh allocation of tens of MB is mapped anew, and its first touches fault, at every call) */
+int64_t splitserve_layer_stack_scratch(const Stack *s, int rows) {
+    int64_t sizes[NBUF], total = 0;
+    buffer_sizes(s, rows, sizes);
+    for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i], i);
+    return total;
+}
+
 int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *residual_io) {
     const int t = st->rows, d = s->head_dim, q = s->heads * d, kv = s->kv_heads * d, qkv = q + 2 * kv;
     const int64_t es = s->dtype ? 2 : 4;
-    const int64_t sizes[NBUF] = {(int64_t)t * s->hidden, (int64_t)t * s->hidden, (int64_t)t * s->hidden,
-                                 (int64_t)t * qkv, (int64_t)t * (q + kv), (int64_t)t * q, (int64_t)t * q,
-                                 (int64_t)t * 2 * s->inter, (int64_t)t * s->inter};
-    int64_t total = 0;
-    for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i] * es, i);
-    char *scratch = aligned_alloc(4096, (size_t)total);
-    if (!scratch) return -2;
+    int64_t sizes[NBUF];
+    buffer_sizes(s, t, sizes);
+    for (int i = 0; i < NBUF; i++) sizes[i] /= es; /* elements */
+    char *own = NULL, *scratch = st->scratch; /* 4 KiB aligned, splitserve_layer_stack_scratch(s, t) bytes */
+    if (!scratch) {
+        own = scratch = aligned_alloc(4096, (size_t)splitserve_layer_stack_scratch(s, t));
+        if (!scratch) return -2;
+    }
     char *buf[NBUF], *at = scratch;
     for (int i = 0; i < NBUF; i++) {
         buf[i] = at + SKEW * (i + 1);
@@ -125,7 +155,7 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
         } else {
             CHECK(s->norm(x, residual, L->ln1, h, t, hid, s->eps, s->dtype, nt));
         }
-        CHECK(s->gemm(h, L->qkv.w, L->qkv.b, qkv_out, t, qkv, hid, nt));
+        CHECK(gemm_pieces(s, h, &L->qkv, qkv_out, t, qkv, hid, nt));
         CHECK(s->rope(qkv_out, qkv, qk, st->cos, st->sin, t, s->heads + s->kv_heads, d, s->dtype, nt));
         CHECK(s->kv_write(L->k_cache, L->v_cache, st->slots, s->num_slots, qk + (int64_t)q * es,
                           qkv_out + (int64_t)(q + kv) * es, t, kv * es, (int64_t)(q + kv) * es, qkv * es, nt));
@@ -138,7 +168,7 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
         }
         if (st->num_extends) {
             if (!s->prefill) {
-                free(scratch);
+                free(own);
                 return -1;
             }
             CHECK(s->prefill(qk, L->k_cache, L->v_cache, attn, st->q_starts, st->q_lens, st->extend_kv_lens,
@@ -155,14 +185,14 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
             memcpy(residual, h, (size_t)((int64_t)m * hid * es));
             a = qc;
         }
-        CHECK(s->gemm(a, L->o.w, L->o.b, x, m, hid, q, nt));
+        CHECK(gemm_pieces(s, a, &L->o, x, m, hid, q, nt));
         CHECK(s->norm(x, residual, L->ln2, h, m, hid, s->eps, s->dtype, nt));
-        CHECK(s->gemm(h, L->gate_up.w, L->gate_up.b, gu, m, 2 * s->inter, hid, nt));
+        CHECK(gemm_pieces(s, h, &L->gate_up, gu, m, 2 * s->inter, hid, nt));
         CHECK(s->act(gu, act, m, s->inter, s->dtype, nt));
-        CHECK(s->gemm(act, L->down.w, L->down.b, x, m, hid, s->inter, nt));
+        CHECK(gemm_pieces(s, act, &L->down, x, m, hid, s->inter, nt));
     }
     memcpy(x_io, x, (size_t)((int64_t)m * hid * es));
     memcpy(residual_io, residual, (size_t)((int64_t)m * hid * es));
-    free(scratch);
+    free(own);
     return 0;
 }

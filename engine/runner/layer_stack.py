@@ -31,6 +31,7 @@ from engine.runner.attention import cpu_kernels
 log = logging.getLogger(__name__)
 
 _p = ctypes.c_void_p
+PAGE = 4096  # the scratch's alignment (its buffers are placed at offsets within a page: layer_stack.c)
 
 
 class _Linear(ctypes.Structure):
@@ -46,7 +47,8 @@ class _Stack(ctypes.Structure):
     _fields_ = [("gemm", _p), ("norm", _p), ("rope", _p), ("kv_write", _p), ("attention", _p), ("act", _p),
                 ("prefill", _p), ("layers", ctypes.POINTER(_Layer)), *[(n, ctypes.c_int) for n in (
                     "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "page_size", "dtype")],
-                ("num_slots", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                ("num_slots", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("gemm_rows", ctypes.c_int)]
 
 
 class _Step(ctypes.Structure):
@@ -54,7 +56,8 @@ class _Step(ctypes.Structure):
                 ("threads", ctypes.c_int), ("cos", _p), ("sin", _p), ("slots", _p), ("page_table", _p),
                 ("kv_lens", _p), ("extra_slots", _p), ("extra_lens", _p),
                 *[(n, ctypes.c_int) for n in ("num_decode", "num_extends", "extend_max_pages", "num_out")],
-                *[(n, _p) for n in ("q_starts", "q_lens", "extend_kv_lens", "extend_page_table", "out_rows")]]
+                *[(n, _p) for n in ("q_starts", "q_lens", "extend_kv_lens", "extend_page_table", "out_rows")],
+                ("scratch", _p)]
 
 
 @functools.cache
@@ -63,6 +66,8 @@ def _library() -> ctypes.CDLL | None:
     if lib is not None:
         lib.splitserve_layer_stack.restype = ctypes.c_int
         lib.splitserve_layer_stack.argtypes = [ctypes.POINTER(_Stack), ctypes.POINTER(_Step), _p, _p]
+        lib.splitserve_layer_stack_scratch.restype = ctypes.c_int64
+        lib.splitserve_layer_stack_scratch.argtypes = [ctypes.POINTER(_Stack), ctypes.c_int]
     return lib
 
 
@@ -77,16 +82,18 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 class LayerStack:
     """Built by ``build`` (None where it cannot run); ``takes`` says which steps it runs, ``run`` runs one."""
 
-    def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int], gemm_name: str,
-                 operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]], lib: ctypes.CDLL,
-                 prefill: ctypes.CDLL | None) -> None:
+    def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int], beyond: bool,
+                 gemm_name: str, operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]],
+                 lib: ctypes.CDLL, prefill: ctypes.CDLL | None, gemm_rows: int) -> None:
+        """``rows``: the row counts every layer's GEMM takes, ``beyond``: and every count above them (the GEMM
+        called in pieces of ``gemm_rows``)."""
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         # looked up through their modules when built, so an engine built with another GEMM or attention kernel
         # (bench_decode_ab --gemm-base, --attention-base) runs it in the stack too
         kernels = cpu_gemm.few_rows_kernel(), row_ops.kernel(), cpu_kernels.decode_kernel()
         assert all(k is not None for k in kernels)
         gemm, rows_lib, attention = kernels
-        self.model, self.rows, self.extends, self._lib = model, rows, prefill is not None, lib
+        self.model, self.rows, self.beyond, self.extends, self._lib = model, rows, beyond, prefill is not None, lib
         self._layers = (_Layer * cfg.num_layers)()
         for i, (layer, ops) in enumerate(zip(model.layers, operands)):
             self._layers[i] = _Layer(layer.input_layernorm.weight.data_ptr(),
@@ -101,8 +108,11 @@ class LayerStack:
             None if prefill is None else _fn(prefill, "splitserve_prefill_attention"),
             self._layers, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.intermediate_size, pool.shape.page_size, row_ops.DTYPE_CODES[dtype], pool.shape.num_slots,
-            model.layers[0].input_layernorm.eps, scale)
+            model.layers[0].input_layernorm.eps, scale, gemm_rows)
         self._keep = (pool, operands)  # the tensors whose addresses the structures hold
+        # the steps' scratch, kept at the largest size a step needed: allocated per step, the tens of MB a prefill
+        # step's activations take were mapped anew and faulted in at every step
+        self._scratch = torch.empty(0, dtype=torch.uint8)
 
     @classmethod
     def build(cls, model: CausalLM, pool: KVPool, scale: float, native_decode: bool,
@@ -122,6 +132,7 @@ class LayerStack:
         rows: frozenset[int] | None = None
         names = set()
         operands = []
+        beyond = True
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             ops = []
@@ -130,6 +141,7 @@ class LayerStack:
                 if got is None or got.weight.dtype != dtype:
                     return None
                 rows = got.rows if rows is None else rows & got.rows
+                beyond = beyond and got.beyond
                 names.add(got.kernel)
                 ops.append((got.weight, got.bias))
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -139,9 +151,10 @@ class LayerStack:
         if not rows or len(names) != 1:  # one GEMM function for every layer
             return None
         prefill = cpu_kernels.prefill_kernel() if native_prefill else None
-        log.info("native layer stack for %d-%d rows (%s)%s", min(rows), max(rows), *names,
+        top = cpu_gemm.MAX_ROWS if beyond else max(rows)
+        log.info("native layer stack for %d-%s rows (%s)%s", min(rows), "" if beyond else max(rows), *names,
                  ", prefill chunks too" if prefill is not None else "")
-        return cls(model, pool, scale, rows, names.pop(), operands, lib, prefill)
+        return cls(model, pool, scale, rows, beyond, names.pop(), operands, lib, prefill, top)
 
     def takes(self, meta: AttentionMeta, out_rows: int | None = None) -> bool:
         """Whether ``run`` takes this step: its rows (decode rows, then prefill chunks' where the stack has the
@@ -150,7 +163,17 @@ class LayerStack:
         if meta.extends and not self.extends:
             return False
         rows = meta.num_decode + sum(e.q_len for e in meta.extends)
-        return rows in self.rows and (out_rows is None or out_rows in self.rows)
+        return self._fits(rows) and (out_rows is None or self._fits(out_rows))
+
+    def _scratch_for(self, rows: int) -> int:
+        """The address of scratch for a step of ``rows`` rows, 4 KiB aligned (the buffer grows as steps need)."""
+        need = self._lib.splitserve_layer_stack_scratch(ctypes.byref(self._stack), rows) + PAGE
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need, dtype=torch.uint8)
+        return -(-self._scratch.data_ptr() // PAGE) * PAGE
+
+    def _fits(self, rows: int) -> bool:
+        return rows in self.rows or (self.beyond and rows > max(self.rows))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
             extend_args: tuple[torch.Tensor, ...] | None = None,
@@ -174,7 +197,8 @@ class LayerStack:
                      _ptr(meta.decode_extra_slots) if has_extra else None,
                      _ptr(meta.decode_extra_lens) if has_extra else None,
                      meta.num_decode, len(meta.extends), 0 if ext is None else ext[3].shape[1], out,
-                     *((None,) * 4 if ext is None else (t.data_ptr() for t in ext)), _ptr(out_rows))
+                     *((None,) * 4 if ext is None else (t.data_ptr() for t in ext)), _ptr(out_rows),
+                     self._scratch_for(h.shape[0]))
         rc = self._lib.splitserve_layer_stack(ctypes.byref(self._stack), ctypes.byref(step), h.data_ptr(),
                                                residual.data_ptr())
         if rc == -2:

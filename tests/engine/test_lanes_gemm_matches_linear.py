@@ -3,7 +3,8 @@ with AVX-512 BF16, float32 with AVX-512) equals a float64 product (rounded to bf
 rounding of its sums, for every row count it takes (tiles of up to 8 rows, partial ones and the uneven splits of
 larger counts too), with and without bias, on output counts that are and are not multiples of its 16-lane blocks
 and 3-block groups; a row's result does not depend on how many rows came with it; and a packed model routes the
-counts it calibrated to through it, keeping its copy in place of the dense weight."""
+counts it calibrated to through it, keeping its copy in place of the dense weight, or, where it keeps level at a
+prefill chunk's rows too, every count, without oneDNN's packed copy."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from engine.models import row_calibration
 from engine.models.cpu_gemm import can_prepack, few_rows_kernel, lanes_gemm, lanes_pack, lanes_rows_max
 from engine.models.linear import PackedLinear
+from engine.runner.attention.base import AttentionMeta, ExtendSeq
+from engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_core
 
 lib = few_rows_kernel()
@@ -48,8 +51,21 @@ def test_it_refuses_more_rows_than_it_takes_and_in_bfloat16_an_odd_width(dtype: 
     if dtype == torch.bfloat16:
         with pytest.raises(RuntimeError, match="refused"):
             lanes_gemm(lib, torch.randn(1, 7).bfloat16(), lanes_pack(w)[: 32 * 7], 32, None)
-    with pytest.raises(RuntimeError, match="refused"):
-        lanes_gemm(lib, torch.randn(lanes_rows_max(lib, dtype) + 1, 8).to(dtype), lanes_pack(w), 32, None)
+    fn = lib.splitserve_pair_gemm_bf16 if dtype == torch.bfloat16 else lib.splitserve_lanes_gemm
+    m = lanes_rows_max(lib, dtype) + 1  # one call takes no more (lanes_gemm calls it in pieces)
+    x, y, packed = torch.randn(m, 8).to(dtype), torch.empty(m, 32, dtype=dtype), lanes_pack(w)
+    assert fn(x.data_ptr(), packed.data_ptr(), None, y.data_ptr(), m, 32, 8, 1) != 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_more_rows_than_one_call_takes_go_in_pieces_with_each_rows_bits(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(100, 64, generator=g).to(dtype), torch.randn(100, generator=g).to(dtype)
+    packed = lanes_pack(w)
+    x = torch.randn(2 * lanes_rows_max(lib, dtype) + 37, 64, generator=g).to(dtype)
+    whole = lanes_gemm(lib, x, packed, 100, b)
+    for start in (0, 255, 256, 300, x.shape[0] - 1):
+        assert torch.equal(whole[start:start + 3], lanes_gemm(lib, x[start:start + 3], packed, 100, b)), start
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,17 +96,25 @@ def test_a_rows_result_does_not_depend_on_its_batch(dtype: torch.dtype) -> None:
         assert torch.equal(lanes_gemm(lib, x[:m], packed, 200, b), alone[:m]), f"{m} rows"
 
 
+def calibrated_as(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: frozenset[int],
+                  beyond: frozenset[int] = frozenset()) -> str:
+    """Pins the calibrations a packed model's routing reads (``rows``, and ``beyond`` for the counts above them);
+    returns the dtype's name for make_core. The tiny model's weights are too small to time: every layer then goes
+    through the routing as a large one would (a float32 model is packed by default where oneDNN beat MKL at a
+    prefill chunk's rows: pinned too)."""
+    if not can_prepack(torch.device("cpu"), dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} here")
+    monkeypatch.setattr("engine.models.linear.CALIBRATE_MIN", 1)
+    monkeypatch.setattr(row_calibration, "cached_rows",
+                        lambda key, measure, file=None: beyond if "beyond" in key else rows)
+    monkeypatch.setattr("engine.models.gemm_timing.onednn_beats_mkl", lambda weight: True)
+    return str(dtype).replace("torch.", "")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_packed_model_keeps_the_lanes_copy_and_routes_its_counts_to_it(
         dtype: torch.dtype, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not can_prepack(torch.device("cpu"), dtype):
-        pytest.skip(f"oneDNN cannot pack {dtype} here")
-    # the tiny model's weights are too small to time: let every layer go through the routing as a large one would
-    # (a float32 model is packed by default where oneDNN beat MKL at a prefill chunk's rows: pinned too)
-    monkeypatch.setattr("engine.models.linear.CALIBRATE_MIN", 1)
-    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None: frozenset(range(1, 17)))
-    monkeypatch.setattr("engine.models.gemm_timing.onednn_beats_mkl", lambda weight: True)
-    core = make_core(tiny_model_dir, dtype=str(dtype).replace("torch.", ""))
+    core = make_core(tiny_model_dir, dtype=calibrated_as(monkeypatch, dtype, frozenset(range(1, 17)), frozenset({512})))
     layers = [m for m in core.model.modules() if isinstance(m, PackedLinear)]
     name = "splitserve_pair_gemm_bf16" if dtype == torch.bfloat16 else "splitserve_lanes_gemm"
     assert layers and all(m.few_rows_operands().kernel == name for m in layers)
@@ -102,3 +126,31 @@ def test_a_packed_model_keeps_the_lanes_copy_and_routes_its_counts_to_it(
         x = torch.randn(17, m.in_features, generator=g).to(dtype)  # 16 rows to the lanes GEMM, 17 to oneDNN
         torch.testing.assert_close(m(x[:16]).float(), m(x)[:16].float(), rtol=2 * RTOL[dtype], atol=2e-2)
     assert core.runner.stack is not None and core.runner.stack.rows == frozenset(range(1, 17))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_where_it_keeps_level_at_a_prefill_chunks_rows_it_takes_every_count_and_no_packed_copy_is_kept(
+        dtype: torch.dtype, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = calibrated_as(monkeypatch, dtype, frozenset(range(1, 257)), frozenset({512}))
+    core = make_core(tiny_model_dir, dtype=name)
+    layers = [m for m in core.model.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.packed is None and m.few_rows_operands().beyond for m in layers)
+    g = torch.Generator().manual_seed(1)
+    for m in layers[:4]:
+        x = torch.randn(600, m.in_features, generator=g).to(dtype)  # three calls of the kernel, 256 rows at most
+        whole = m(x)
+        assert torch.equal(whole[:5], m(x[:5])) and torch.equal(whole[590:], m(x[590:]))  # each row's own bits
+    stack = core.runner.stack
+    assert stack is not None and stack.beyond
+    chunk = (ExtendSeq(0, 600, 600, torch.arange(150)),)
+    assert stack.takes(AttentionMeta(torch.arange(600), 0, torch.ones(0, dtype=torch.long),
+                                     torch.ones(0, 1, dtype=torch.long), chunk), out_rows=1)
+    ref = make_core(tiny_model_dir, dtype=name, decode_stack="off")
+    prompt = list(range(5, 605))  # one 600-row step through the stack, and through the layers
+    outs = []
+    for c in (core, ref):
+        req = c.make_request(prompt, SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True),
+                             detokenize=False)
+        c.run_to_completion([req])
+        outs.append(req.output_ids)
+    assert outs[0] == outs[1]
