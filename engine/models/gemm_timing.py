@@ -89,6 +89,15 @@ def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: 
     return frozenset({rows}) if statistics.median(saved) > 0 else frozenset()
 
 
+def _every_weight(fn: Callable[[torch.Tensor, int], torch.Tensor], weights: list[torch.Tensor],
+                  xs: dict[int, torch.Tensor]) -> Callable[[], None]:
+    """A call of ``fn`` on each weight in turn (with the input of its width and its index): what is timed."""
+    def run() -> None:
+        for i, w in enumerate(weights):
+            fn(xs[w.shape[1]], i)
+    return run
+
+
 # the output-lanes GEMM takes every row count above those it was calibrated for (in pieces of MAX_ROWS) where at
 # BIG_ROWS rows over the working set it took no more than this times the packed GEMM's time: then every step can
 # run in the native layer stack (engine/runner/layer_stack.py), and no packed copy is kept. SmolLM2 on a Zen 4
@@ -106,14 +115,9 @@ def lanes_beyond(weights: list[torch.Tensor], lanes: Callable[[torch.Tensor, int
     ``reps``), else nothing: a row_calibration answer."""
     g = torch.Generator().manual_seed(0)
     xs = {k: torch.randn(BIG_ROWS, k, generator=g).to(weights[0].dtype) for k in sorted({w.shape[1] for w in weights})}
-
-    def over(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[], None]:
-        def every_weight() -> None:
-            for i, w in enumerate(weights):
-                fn(xs[w.shape[1]], i)
-        return every_weight
     with torch.inference_mode():
-        ratios = [best_of(over(lanes), reps) / best_of(over(packed), reps) for _ in range(passes)]
+        ratios = [best_of(_every_weight(lanes, weights, xs), reps) / best_of(_every_weight(packed, weights, xs), reps)
+                  for _ in range(passes)]
     return frozenset({BIG_ROWS}) if statistics.median(ratios) <= BEYOND_TIE else frozenset()
 
 
@@ -143,20 +147,14 @@ def calibrate_rows(lib: ctypes.CDLL, weights: list[torch.Tensor], reps: int = 3,
     widths = sorted({w.shape[1] for w in weights})
     inputs = {m: {k: torch.randn(m, k, generator=g).to(weights[0].dtype) for k in widths} for m in counts}
     saved: dict[int, list[float]] = {m: [] for m in counts}
-
-    def run(fn: Callable[[torch.Tensor, int], torch.Tensor], xs: dict[int, torch.Tensor]) -> Callable[[], None]:
-        def every_weight() -> None:
-            for i, w in enumerate(weights):
-                fn(xs[w.shape[1]], i)
-        return every_weight
     clear: set[int] = set()
     with torch.inference_mode():
         for _ in range(passes):
             for m, xs in inputs.items():
                 if m in clear:
                     continue
-                base_s = best_of(run(base, xs), reps)
-                kernel_s = best_of(run(ours, xs), reps)
+                base_s = best_of(_every_weight(base, weights, xs), reps)
+                kernel_s = best_of(_every_weight(ours, weights, xs), reps)
                 saved[m].append(base_s - kernel_s)
                 if len(saved[m]) == 1 and max(base_s, kernel_s) >= CLEAR * min(base_s, kernel_s):
                     clear.add(m)

@@ -15,13 +15,13 @@
  * torch's dispatch and allocation (tens of microseconds together) while the arithmetic of a row is a few: in
  * bfloat16 the few-rows GEMM read the weights in ~3.7 ms of an ~8 ms step. The kernels come in as function
  * pointers from the libraries the Python path loaded, so both paths run the same machine code; this file only
- * sequences them (its scratch kept by the caller across steps). Rows are the step's decode rows (one per sequence, or a
- * sequence's newest token and its draft nodes), then its prefill chunks' rows; x holds the embeddings on entry,
+ * sequences them, in scratch the caller keeps across steps. Rows are the step's decode rows (one per sequence, or
+ * a sequence's newest token and its draft nodes), then its prefill chunks' rows; x holds the embeddings on entry,
  * and on return the last layer's MLP output of the out rows (every row without them), residual their running
- * sum (the model's final norm adds the two). Returns 0, or the first kernel's nonzero code (then the step's
- * outputs are undefined, and the caller raises). */
+ * sum (the model's final norm adds the two). Returns 0, -1 without scratch or without the prefill kernel for a
+ * step with chunks, or the first kernel's nonzero code (then the step's outputs are undefined, and the caller
+ * raises). */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef int (*gemm_fn)(const void *x, const void *w, const void *bias, void *y, int m, int n, int k, int threads);
@@ -38,11 +38,11 @@ typedef int (*attn_fn)(const void *q, const void *k_cache, const void *v_cache, 
                        int page_size, int max_pages, int max_extra, float scale, int dtype, int kv_dtype,
                        int num_threads, int generic_only);
 typedef int (*act_fn)(const void *gate_up, void *out, int tokens, int inter, int dtype, int threads);
-typedef int (*prefill_fn)(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *q_starts,
-                          const int64_t *q_lens, const int64_t *kv_lens, const int64_t *page_table, int num_seqs,
-                          int max_pages, int num_heads, int num_kv_heads, int head_dim, int page_size,
-                          int64_t q_stride, int64_t out_stride, float scale, int dtype, int kv_dtype,
-                          int num_threads);
+typedef int (*prefill_fn)(const void *q, const void *k_cache, const void *v_cache, void *out,
+                          const int64_t *q_starts, const int64_t *q_lens, const int64_t *kv_lens,
+                          const int64_t *page_table, int num_seqs, int max_pages, int num_heads, int num_kv_heads,
+                          int head_dim, int page_size, int64_t q_stride, int64_t out_stride, float scale, int dtype,
+                          int kv_dtype, int num_threads);
 
 typedef struct {
     const void *w, *b; /* weight [n, k] in the GEMM function's layout (dense, or pair blocks), bias [n] or NULL */
@@ -77,7 +77,7 @@ typedef struct {
     /* the extends (prefill chunks, rows num_decode on): first row, rows, keys attended by the last, pages */
     const int64_t *q_starts, *q_lens, *extend_kv_lens, *extend_page_table;
     const int64_t *out_rows; /* [num_out]: the rows the last layer projects out (NULL: every row) */
-    void *scratch;           /* splitserve_layer_stack_scratch(rows) bytes, 4 KiB aligned; NULL: allocated here */
+    void *scratch;           /* splitserve_layer_stack_scratch(rows) bytes, 4 KiB aligned */
 } Step;
 
 /* The step's activations live in buffers of their own (x and the residual are copied in and out), each at a
@@ -106,15 +106,16 @@ static int gemm_pieces(const Stack *s, const void *x, const Linear *w, void *y, 
     do { \
         const int rc_ = (call); \
         if (rc_) { \
-            free(own); \
             return rc_; \
         } \
     } while (0)
 
+/* each buffer's elements for a step of t rows: x, residual, h, qkv_out, qk, qc, attn, gu, act */
 static void buffer_sizes(const Stack *s, int t, int64_t sizes[NBUF]) {
     const int q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
-    const int64_t per_row[NBUF] = {s->hidden, s->hidden, s->hidden, q + 2 * kv, q + kv, q, q, 2 * s->inter, s->inter};
-    for (int i = 0; i < NBUF; i++) sizes[i] = (int64_t)t * per_row[i] * (s->dtype ? 2 : 4);
+    const int64_t per_row[NBUF] = {s->hidden, s->hidden, s->hidden, q + 2 * kv, q + kv, q, q, 2 * s->inter,
+                                   s->inter};
+    for (int i = 0; i < NBUF; i++) sizes[i] = (int64_t)t * per_row[i];
 }
 
 /* The scratch bytes a step of `rows` rows needs (the caller may keep one buffer of that size for every step: a
@@ -122,7 +123,7 @@ static void buffer_sizes(const Stack *s, int t, int64_t sizes[NBUF]) {
 int64_t splitserve_layer_stack_scratch(const Stack *s, int rows) {
     int64_t sizes[NBUF], total = 0;
     buffer_sizes(s, rows, sizes);
-    for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i], i);
+    for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i] * (s->dtype ? 2 : 4), i);
     return total;
 }
 
@@ -131,12 +132,8 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
     const int64_t es = s->dtype ? 2 : 4;
     int64_t sizes[NBUF];
     buffer_sizes(s, t, sizes);
-    for (int i = 0; i < NBUF; i++) sizes[i] /= es; /* elements */
-    char *own = NULL, *scratch = st->scratch; /* 4 KiB aligned, splitserve_layer_stack_scratch(s, t) bytes */
-    if (!scratch) {
-        own = scratch = aligned_alloc(4096, (size_t)splitserve_layer_stack_scratch(s, t));
-        if (!scratch) return -2;
-    }
+    char *scratch = st->scratch;
+    if (!scratch || (st->num_extends && !s->prefill)) return -1;
     char *buf[NBUF], *at = scratch;
     for (int i = 0; i < NBUF; i++) {
         buf[i] = at + SKEW * (i + 1);
@@ -167,10 +164,6 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
                                st->max_extra, s->scale, s->dtype, s->dtype, nt, 0));
         }
         if (st->num_extends) {
-            if (!s->prefill) {
-                free(own);
-                return -1;
-            }
             CHECK(s->prefill(qk, L->k_cache, L->v_cache, attn, st->q_starts, st->q_lens, st->extend_kv_lens,
                              st->extend_page_table, st->num_extends, st->extend_max_pages, s->heads, s->kv_heads, d,
                              s->page_size, q + kv, q, s->scale, s->dtype, s->dtype, nt));
@@ -193,6 +186,5 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
     }
     memcpy(x_io, x, (size_t)((int64_t)m * hid * es));
     memcpy(residual_io, residual, (size_t)((int64_t)m * hid * es));
-    free(own);
     return 0;
 }

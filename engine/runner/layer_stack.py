@@ -203,7 +203,7 @@ class LayerStack:
         rc = self._lib.splitserve_layer_stack(ctypes.byref(self._stack), ctypes.byref(step), h.data_ptr(),
                                                residual.data_ptr())
         if rc == -2:
-            raise MemoryError("the native layer stack could not allocate its scratch")
+            raise MemoryError("a kernel of the native layer stack could not allocate its scratch")
         if rc != 0:
             raise RuntimeError(f"the native layer stack's kernels refused the step ({rc}, {h.shape[0]} rows)")
         return h[:out], residual  # h held every row's embedding, and now the first `out` rows' output

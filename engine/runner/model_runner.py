@@ -151,7 +151,8 @@ class ModelRunner:
         args = (torch.tensor(ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device))
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        # the last layer projects out the rows whose logits are wanted only, unless every row's hidden state is
+        # the last layer projects out only the rows whose logits are wanted, unless a drafter reads every row's
+        # final hidden state
         cut = not self.hidden and logit_rows != list(range(len(ids)))
         if self.stack is not None and self.stack.takes(meta, len(logit_rows) if cut else None):
             extend_args = self.backend.extend_args if isinstance(self.backend, TorchAttentionBackend) else None
