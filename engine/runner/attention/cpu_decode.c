@@ -55,6 +55,17 @@
 #define MAX_CHUNKS 4   /* and its tasks (chunks) at most */
 #define PF_DIST 3 /* generic body: pages prefetched ahead (3 measured best: 1 was 13% slower in float32, 18% in bf16) */
 #define PF_KEYS 16 /* AVX-512 body: keys (whole pages, at least one) between a row read and the row prefetched */
+/* AVX-512 body: the locality of its prefetches of a block or page ahead, 1 (prefetcht2: into L2, not L1). With 3
+ * (into L1, as before 2026-12-07) a float32 block's rows (24 KB for SmolLM2) asked for while the block before is
+ * read into L1 and the current one is computed overflow a 32 KB L1. Zen 4, 2 threads, SmolLM2 shapes, this body
+ * against the same kernel with 3, alternating (bench_decode_ab --kernel --kernel-shape smollm2 --kernel-base):
+ * batch 64 x 576 tokens of scattered pages, 30 layers, ms a layer from DRAM, float32 2.65-2.71 -> 2.24-2.40,
+ * bfloat16 1.39-1.47 -> 1.08-1.17 (a harness reading the same pages with no arithmetic: 26-27 GB/s with demand
+ * loads, 30-33 with prefetcht2 a page ahead); batch 8 x 2,000 1.13 -> 0.93 and 0.59 -> 0.47. Decode steps
+ * (--attention-base, pages contiguous as a fresh pool hands them out): float32 batch 64 154.4 -> 146.9 ms, batch
+ * 16 44.2 -> 41.6, batch 1 14.1 -> 13.5; bfloat16 batch 1 8.4 -> 7.7 and 10.3 -> 9.7; bfloat16 batch 64 0.96-1.00x
+ * in three runs (contiguous pages stream without it). */
+#define PF_FAR 1
 
 /* exp(x) for x <= 0 without a libm call, so the loops over a page vectorize: x*log2(e) = n + f with
  * |f| <= 0.5, 2^f from a degree-6 polynomial (relative error ~2e-7), 2^n put into the exponent bits. */
@@ -418,8 +429,8 @@ static inline __attribute__((always_inline)) void touch_step(Touch *T) {
         const __m512i a = _mm512_loadu_si512(T->k + off), b = _mm512_loadu_si512(T->v + off);
         __asm__ volatile("" : : "v"(a), "v"(b)); /* the loads are the point: keep them */
         if (T->pk) {
-            __builtin_prefetch(T->pk + off, 0, 3);
-            __builtin_prefetch(T->pv + off, 0, 3);
+            __builtin_prefetch(T->pk + off, 0, PF_FAR);
+            __builtin_prefetch(T->pv + off, 0, PF_FAR);
         }
         T->c += 64;
         if (T->c >= T->row_bytes) T->c = 0, T->r++;
@@ -452,8 +463,8 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
             if (pf_row >= 0) { /* the same row of the page ahead, K and V */
                 const int64_t at = (pf_row + (int64_t)h * D + t * stride) * elem;
                 for (int c = 0; c < D * elem; c += 64) {
-                    __builtin_prefetch((const char *)A->k_cache + at + c, 0, 3);
-                    __builtin_prefetch((const char *)A->v_cache + at + c, 0, 3);
+                    __builtin_prefetch((const char *)A->k_cache + at + c, 0, PF_FAR);
+                    __builtin_prefetch((const char *)A->v_cache + at + c, 0, PF_FAR);
                 }
             }
             __m512 k[8];
