@@ -5,7 +5,8 @@ one builds one engine per variant in the same process, brings each to a full bat
 prompts), then steps them alternately and reports each one's median decode step, so slow and fast phases of
 the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
 generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's, alternating) on every layer's
-pools (K/V from DRAM, pages scattered) and on pages every sequence shares (compute only). ``--gemm-base REV`` adds
+pools (K/V from DRAM, pages scattered, and each sequence's pages in order) and on pages every sequence shares
+(compute only). ``--gemm-base REV`` adds
 an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
 the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
 without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--attention-base REV`` does the same
@@ -180,7 +181,8 @@ def source_at(rev: str, path: str, like: ctypes.CDLL | None = None) -> ctypes.CD
 def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per dtype pair: the AVX-512 and generic bodies (or, with ``--kernel-base REV``, this tree's AVX-512 body
     against REV's, alternating per sample) on pools bigger than the caches ("dram": every sequence's pages
-    scattered at random, as a pool that has cycled holds them) and on pages every sequence shares ("hot")."""
+    scattered at random, as a pool that has cycled holds them; "in order": each sequence's pages consecutive, as a
+    fresh pool hands them out) and on pages every sequence shares ("hot")."""
     lib = decode_kernel()
     if lib is None:
         raise SystemExit("no C compiler: the native decode kernel is unavailable")
@@ -201,6 +203,7 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
                   torch.randn(num_pages * page, kv_heads, dim, generator=gen).to(kv_dtype)) for _ in range(layers)]
         scattered = (torch.randperm(num_pages - 1, generator=gen)[: args.batch * pages_per_seq] + 1)
         tables = {"dram": scattered.reshape(args.batch, pages_per_seq),
+                  "in order": torch.arange(1, args.batch * pages_per_seq + 1).reshape(args.batch, pages_per_seq),
                   "hot": scattered[:pages_per_seq].expand(args.batch, pages_per_seq).contiguous()}
         lens = torch.full((args.batch,), args.context, dtype=torch.int64)
         q = torch.randn(args.batch, heads, dim, generator=gen).to(q_dtype)
@@ -216,8 +219,8 @@ def run_kernel(args: argparse.Namespace) -> list[dict[str, Any]]:
                     samples[body].append((time.perf_counter() - start) / layers * 1e3)
             for body, times in samples.items():
                 row[f"{body} {name} ms/layer"] = round(statistics.median(times), 3)
-                if name == "dram":
-                    row[f"{body} dram GB/s"] = round(kv_bytes / statistics.median(times) / 1e6, 1)
+                if name != "hot":
+                    row[f"{body} {name} GB/s"] = round(kv_bytes / statistics.median(times) / 1e6, 1)
         rows.append(row)
     return rows
 
