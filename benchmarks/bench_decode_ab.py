@@ -6,12 +6,11 @@ prompts), then steps them alternately and reports each one's median decode step,
 the host fall on every variant alike. ``--kernel`` times the native decode kernel instead: its AVX-512 and
 generic bodies (or, with ``--kernel-base REV``, this tree's kernel against REV's, alternating) on every layer's
 pools (K/V from DRAM, pages scattered, and each sequence's pages in order) and on pages every sequence shares
-(compute only). ``--gemm-base REV`` adds
-an engine of the first variant whose linear layers use REV's few-rows GEMM (engine/models/few_rows_gemm.c, with
-the row counts it calibrates to on this host), stepped alternately with the others; ``--gemm-base off``, one
-without that kernel (oneDNN's packed GEMM or MKL's take every row count). ``--attention-base REV`` does the same
-with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c), ``--prefill-attention-base REV`` with
-REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c). ``--prefill`` times the prefill of
+(compute only). ``--gemm-base REV`` adds an engine of the first variant whose linear layers use REV's few-rows
+GEMM (engine/models/few_rows_gemm.c, with the row counts it calibrates to on this host), stepped alternately with
+the others; ``--gemm-base off``, one without that kernel (oneDNN's packed GEMM or MKL's take every row count).
+``--attention-base REV`` does the same with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c),
+``--prefill-attention-base REV`` with REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c). ``--prefill`` times the prefill of
 ``--batch`` prompts of ``--context`` tokens (the server's chunk size and step budget) instead of a decode step.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto

@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void softmax_rows(vk sc[RB][NB], co
             above |= _mm512_mask_cmp_ps_mask(seen[j][c], (__m512)sc[j][c], bar, _CMP_GT_OQ);
         }
         m_new[j] = mx[j];
-        if (above) { /* the block passes the running max by more than LAZY_MAX: the block's max (rare) */
+        if (above) { /* the block passes the running max by more than LAZY_MAX (a row's first block, then rare) */
             __m512 top = _mm512_set1_ps(-1e30f);
             for (int c = 0; c < NB; c++) top = _mm512_mask_max_ps(top, seen[j][c], top, (__m512)sc[j][c]);
             m_new[j] = _mm512_reduce_max_ps(top);
