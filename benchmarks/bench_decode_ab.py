@@ -10,8 +10,9 @@ pools (K/V from DRAM, pages scattered, and each sequence's pages in order) and o
 GEMM (engine/models/few_rows_gemm.c, with the row counts it calibrates to on this host), stepped alternately with
 the others; ``--gemm-base off``, one without that kernel (oneDNN's packed GEMM or MKL's take every row count).
 ``--attention-base REV`` does the same with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c),
-``--prefill-attention-base REV`` with REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c). ``--prefill`` times the prefill of
-``--batch`` prompts of ``--context`` tokens (the server's chunk size and step budget) instead of a decode step.
+``--prefill-attention-base REV`` with REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c).
+``--prefill`` times the prefill of ``--batch`` prompts of ``--context`` tokens (the server's chunk size and step
+budget) instead of a decode step.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
