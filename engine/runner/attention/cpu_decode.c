@@ -386,12 +386,35 @@ static inline TaskState task_state(const Args *A, float *scratch, int64_t qrow, 
  *   scores: per key, G partial-product vectors (D/16 FMAs each), then one transpose-reduction turns the 16
  *           keys' vectors into a vector of 16 scores;
  *   softmax: max, exp and the denominator over that vector (online: earlier blocks are rescaled);
- *   values:  per key, its weight broadcast into G x D/16 FMAs over the V row. */
+ *   values:  per key, its weight broadcast into G x D/16 FMAs over the V row.
+ * Bfloat16 queries over a bfloat16 cache, where the CPU has AVX-512 BF16, take the pair path (HAVE_PAIR below). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_FAST 1
 #define CHUNKED 0 /* its whole-row walk (attend_fast) takes a row's pages in one task */
 #define FAST_MAX_GROUP 8
+/* The pair path: bfloat16 queries over a bfloat16 cache, where the CPU has AVX-512 BF16 (VDPBF16PS: a float32
+ * lane plus the exact products of two bfloat16 pairs). Scores: a key's raw K row against the raw (unscaled) query
+ * rows, D / 32 instructions a key and query row where widening K took D / 16 loads-and-shifts and D / 16 FMAs; the
+ * 16 keys' scores scaled after the transposition. Values: two keys a step, their V rows interleaved into pairs
+ * (VPUNPCKLWD / VPUNPCKHWD, so the accumulators hold D in that order until pair_order puts it back) against their
+ * weights rounded to bfloat16 (as a flash-attention GPU kernel rounds P before its P x V product; the denominator
+ * keeps the float32 weights). Max error against float32 attention over the same bfloat16 K/V unchanged (7.0e-3 to
+ * 7.8e-3 either way, SmolLM2's and a 32 x 8 x 128 shape at 37-2,000 keys: the output's own rounding); other bits
+ * than the widening path's, the same for a row whatever its batch, task or draft tree. */
+/* one body: NAME_D_G, a walk (WHOLE rows or pages) of one score path (PAIR or widening) */
+#define BODY_FN(NAME, D, G, WHOLE, PAIR) \
+    static void NAME##_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
+        (void)c; \
+        attend_fast((const Args *)A, w, b, kv0, kv1, D, G, WHOLE, PAIR); \
+    }
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HAVE_PAIR 1
+#define PAIR_FNS(D, G) BODY_FN(fastp, D, G, 0, 1) BODY_FN(fastpw, D, G, 1, 1)
+#else
+#define HAVE_PAIR 0
+#define PAIR_FNS(D, G)
+#endif
 
 static inline __m512 load16(const void *base, int64_t idx, int kv_dtype) {
     if (kv_dtype == 0) return _mm512_loadu_ps((const float *)base + idx);
@@ -442,7 +465,7 @@ static inline __attribute__((always_inline)) void touch_step(Touch *T) {
 static inline __attribute__((always_inline)) void fast_block(const Args *A, float *qs, float *accs, float *dens,
                                                               float *mx, int64_t row0, const int64_t *at, int n,
                                                               int nkv, const int D, const int G, int64_t pf_row,
-                                                              Touch *T) {
+                                                              Touch *T, const uint16_t *qraw, const int PAIR) {
     const int DV = D / 16, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
     const int64_t stride = A->stride;
     const __mmask16 valid = (__mmask16)((1u << n) - 1u);
@@ -452,8 +475,16 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
         float *qh = qs + (int64_t)h * G * D, *ah = accs + (int64_t)h * G * D, *dh = dens + (int64_t)h * G * 16;
         float *mh = mx + h * G;
         __m512 q[FAST_MAX_GROUP][8], part[FAST_MAX_GROUP][16];
-        for (int g = 0; g < G; g++)
-            for (int j = 0; j < DV; j++) q[g][j] = _mm512_loadu_ps(qh + g * D + 16 * j);
+#if HAVE_PAIR
+        __m512i qp[FAST_MAX_GROUP][4]; /* PAIR: the raw query rows, 32 bfloat16 a vector */
+        if (PAIR)
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < D / 32; j++)
+                    qp[g][j] = _mm512_loadu_si512(qraw + ((int64_t)h * G + g) * D + 32 * j);
+        else
+#endif
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < DV; j++) q[g][j] = _mm512_loadu_ps(qh + g * D + 16 * j);
         for (int t = 0; t < 16; t++) {
             if (t >= n) {
                 for (int g = 0; g < G; g++) part[g][t] = _mm512_setzero_ps();
@@ -467,6 +498,19 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
                     __builtin_prefetch((const char *)A->v_cache + at + c, 0, PF_FAR);
                 }
             }
+#if HAVE_PAIR
+            if (PAIR) { /* bfloat16 pairs of q and K, their products summed in float32 lanes */
+                __m512i kp[4];
+                for (int j = 0; j < D / 32; j++)
+                    kp[j] = _mm512_loadu_si512((const uint16_t *)A->k_cache + KEY_ROW(t) + 32 * j);
+                for (int g = 0; g < G; g++) {
+                    __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qp[g][0], (__m512bh)kp[0]);
+                    for (int j = 1; j < D / 32; j++) s = _mm512_dpbf16_ps(s, (__m512bh)qp[g][j], (__m512bh)kp[j]);
+                    part[g][t] = s;
+                }
+                continue;
+            }
+#endif
             __m512 k[8];
             for (int j = 0; j < DV; j++) k[j] = load16(A->k_cache, KEY_ROW(t) + 16 * j, kv_dtype);
             for (int g = 0; g < G; g++) {
@@ -477,7 +521,8 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
         }
         float pw[FAST_MAX_GROUP][16];
         for (int g = 0; g < G; g++) {
-            const __m512 s = sum16x16(part[g]);
+            /* PAIR: the queries were not scaled, the scores are */
+            const __m512 s = PAIR ? _mm512_mul_ps(sum16x16(part[g]), _mm512_set1_ps(A->scale)) : sum16x16(part[g]);
             const float m_old = mh[g];
             const float blk = _mm512_mask_reduce_max_ps(valid, s);
             const float m = blk > m_old ? blk : m_old;
@@ -497,6 +542,35 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
         __m512 acc[FAST_MAX_GROUP][8];
         for (int g = 0; g < G; g++)
             for (int j = 0; j < DV; j++) acc[g][j] = _mm512_loadu_ps(ah + g * D + 16 * j);
+#if HAVE_PAIR
+        if (PAIR) { /* two keys a step: their V rows interleaved into pairs, their weights rounded to a pair */
+            uint32_t pp[FAST_MAX_GROUP][8];
+            for (int g = 0; g < G; g++)
+                _mm256_storeu_si256((__m256i *)pp[g], (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(pw[g])));
+            for (int t = 0; t < n; t += 2) {
+                if (T) touch_step(T);
+                if (T && t + 1 < n) touch_step(T);
+                __m512i lo[4], hi[4];
+                for (int c = 0; c < D / 32; c++) {
+                    const __m512i a = _mm512_loadu_si512((const uint16_t *)A->v_cache + KEY_ROW(t) + 32 * c);
+                    const __m512i b = t + 1 < n ? _mm512_loadu_si512((const uint16_t *)A->v_cache + KEY_ROW(t + 1) +
+                                                                     32 * c)
+                                                : _mm512_setzero_si512();
+                    lo[c] = _mm512_unpacklo_epi16(a, b), hi[c] = _mm512_unpackhi_epi16(a, b);
+                }
+                for (int g = 0; g < G; g++) {
+                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[g][t / 2]);
+                    for (int c = 0; c < D / 32; c++) {
+                        acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], (__m512bh)lo[c], w);
+                        acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], (__m512bh)hi[c], w);
+                    }
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < DV; j++) _mm512_storeu_ps(ah + g * D + 16 * j, acc[g][j]);
+            continue;
+        }
+#endif
         for (int t = 0; t < n; t++) {
             if (T) touch_step(T);
             __m512 v[8];
@@ -517,24 +591,40 @@ static inline __attribute__((always_inline)) void fast_block(const Args *A, floa
 #define TAIL_FN(D, G) \
     static __attribute__((noinline)) void tail_##D##_##G(const Args *A, float *qs, float *accs, float *dens, \
                                                          float *mx, int b, int kv0, int nkv, int64_t start, \
-                                                         int64_t keys) { \
+                                                         int64_t keys, const uint16_t *qraw) { \
         for (; start < keys; start += A->page_size) { \
             const int n = (int)((keys - start) < A->page_size ? (keys - start) : A->page_size); \
             int64_t at[MAX_PAGE]; \
             gather_rows(A, b, start, n, (int64_t)kv0 * D, at); \
-            for (int t0 = 0; t0 < n; t0 += 16) \
-                fast_block(A, qs, accs, dens, mx, 0, at + t0, n - t0 < 16 ? n - t0 : 16, nkv, D, G, -1, NULL); \
+            for (int t0 = 0; t0 < n; t0 += 16) { \
+                const int m = n - t0 < 16 ? n - t0 : 16; \
+                if (qraw) fast_block(A, qs, accs, dens, mx, 0, at + t0, m, nkv, D, G, -1, NULL, qraw, 1); \
+                else fast_block(A, qs, accs, dens, mx, 0, at + t0, m, nkv, D, G, -1, NULL, NULL, 0); \
+            } \
         } \
     }
 #define TAIL_FNS(D) TAIL_FN(D, 1) TAIL_FN(D, 2) TAIL_FN(D, 3) TAIL_FN(D, 4) TAIL_FN(D, 5) TAIL_FN(D, 6) \
     TAIL_FN(D, 7) TAIL_FN(D, 8)
 TAIL_FNS(64)
 TAIL_FNS(128)
-typedef void (*tail_fn)(const Args *, float *, float *, float *, float *, int, int, int, int64_t, int64_t);
+typedef void (*tail_fn)(const Args *, float *, float *, float *, float *, int, int, int, int64_t, int64_t,
+                        const uint16_t *);
 static const tail_fn TAIL_64[FAST_MAX_GROUP] = {tail_64_1, tail_64_2, tail_64_3, tail_64_4,
                                                 tail_64_5, tail_64_6, tail_64_7, tail_64_8};
 static const tail_fn TAIL_128[FAST_MAX_GROUP] = {tail_128_1, tail_128_2, tail_128_3, tail_128_4,
                                                  tail_128_5, tail_128_6, tail_128_7, tail_128_8};
+
+/* An accumulator row of the pair values back in the order of D: vector 2c holds elements 32c + 8L + i of its
+ * lanes 4L + i (i < 4, L < 4: VPUNPCKLWD's pairs), vector 2c + 1 the elements 4 further on */
+static inline void pair_order(float *row, int D) {
+    float tmp[MAX_HEAD_DIM];
+    for (int c = 0; c < D / 32; c++)
+        for (int l = 0; l < 16; l++) {
+            const int d = 32 * c + 8 * (l / 4) + l % 4;
+            tmp[d] = row[32 * c + l], tmp[d + 4] = row[32 * c + 16 + l];
+        }
+    memcpy(row, tmp, sizeof(float) * (size_t)D);
+}
 
 /* Block k of a sequence (16 keys; a page holds page_size / 16): its first row (from element col0 of the slot),
  * and in *count its keys (0 past the end) */
@@ -557,12 +647,14 @@ static size_t fast_scratch_floats(int per, int group, int head_dim) {
 }
 
 static inline __attribute__((always_inline)) void attend_fast(const Args *A, float *scratch, int b, int kv0,
-                                                               int kv1, const int D, const int G, const int whole) {
+                                                               int kv1, const int D, const int G, const int whole,
+                                                               const int PAIR) {
     const int nkv = kv1 - kv0, rows = nkv * G, page_size = A->page_size;
     const int elem = A->kv_dtype == 0 ? 4 : 2;
     const int64_t qrow = (int64_t)b * A->num_heads + (int64_t)kv0 * G;
     const TaskState T0 = task_state(A, scratch, qrow, rows, D, 16);
     float *qs = T0.qs, *accs = T0.accs, *dens = T0.dens, *mx = T0.mx;
+    const uint16_t *qraw = PAIR ? (const uint16_t *)A->q + qrow * D : NULL; /* the task's raw bfloat16 queries */
     /* the keys read in place (their pages through the table), then the rest gathered (see keys_of) */
     const int64_t len = in_place_keys(A, b), keys = keys_of(A->kv_lens, A->extra_lens, b), stride = A->stride;
     const int64_t *pages = A->page_table + (int64_t)b * A->max_pages;
@@ -583,7 +675,7 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
                        cnt2 ? (const char *)A->k_cache + row2 * elem : NULL,
                        cnt2 ? (const char *)A->v_cache + row2 * elem : NULL, stride * elem, bytes, cnt1,
                        (cnt1 * (bytes / 64) + nkv * (16 + cnt) - 1) / (nkv * (16 + cnt)), 0, 0};
-            fast_block(A, qs, accs, dens, mx, row, NULL, cnt, nkv, D, G, -1, cnt1 ? &T : NULL);
+            fast_block(A, qs, accs, dens, mx, row, NULL, cnt, nkv, D, G, -1, cnt1 ? &T : NULL, qraw, PAIR);
             while (cnt1 && T.r < T.rows) touch_step(&T);
             row = row1, cnt = cnt1, row1 = row2, cnt1 = cnt2;
         }
@@ -596,30 +688,23 @@ static inline __attribute__((always_inline)) void attend_fast(const Args *A, flo
             ? pages[pf_page] * page_size * stride + (int64_t)kv0 * D : -1;
         for (int t0 = 0; t0 < n; t0 += 16)
             fast_block(A, qs, accs, dens, mx, row0 + t0 * stride, NULL, n - t0 < 16 ? n - t0 : 16, nkv, D, G,
-                       pf_row < 0 ? -1 : pf_row + t0 * stride, NULL);
+                       pf_row < 0 ? -1 : pf_row + t0 * stride, NULL, qraw, PAIR);
     }
     if (keys > len) { /* the page holding extra slots, in its blocks: out of line, so the walks above stay as tight */
         const tail_fn tail = D == 64 ? TAIL_64[G - 1] : TAIL_128[G - 1];
-        tail(A, qs, accs, dens, mx, b, kv0, nkv, len, keys);
+        tail(A, qs, accs, dens, mx, b, kv0, nkv, len, keys, qraw);
     }
     for (int r = 0; r < rows; r++) {
         const float den = _mm512_reduce_add_ps(_mm512_loadu_ps(dens + r * 16));
+        if (PAIR) pair_order(accs + (int64_t)r * D, D);
         store_row(A, (qrow + r) * D, accs + (int64_t)r * D, den > 0.f ? 1.f / den : 0.f, D);
     }
 }
 
 /* Two bodies per shape, so each holds one walk (one function with both ran the bfloat16 case 8% slower):
  * fast_D_G walks pages and prefetches (tasks of some kv heads, pages not a multiple of 16), fastw_D_G whole rows
- * (see touch_step). */
-#define FAST_FN(D, G) \
-    static void fast_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
-        (void)c; \
-        attend_fast((const Args *)A, w, b, kv0, kv1, D, G, 0); \
-    } \
-    static void fastw_##D##_##G(const void *A, float *w, int b, int kv0, int kv1, int64_t c) { \
-        (void)c; \
-        attend_fast((const Args *)A, w, b, kv0, kv1, D, G, 1); \
-    }
+ * (see touch_step); with the pair path, fastp_D_G and fastpw_D_G the same walks of its scores and values. */
+#define FAST_FN(D, G) BODY_FN(fast, D, G, 0, 0) BODY_FN(fastw, D, G, 1, 0) PAIR_FNS(D, G)
 #define FAST_FNS(D) FAST_FN(D, 1) FAST_FN(D, 2) FAST_FN(D, 3) FAST_FN(D, 4) FAST_FN(D, 5) FAST_FN(D, 6) \
     FAST_FN(D, 7) FAST_FN(D, 8)
 FAST_FNS(64)
@@ -631,10 +716,24 @@ static const fast_fn FAST_64[2][FAST_MAX_GROUP] = {
 static const fast_fn FAST_128[2][FAST_MAX_GROUP] = {
     {fast_128_1, fast_128_2, fast_128_3, fast_128_4, fast_128_5, fast_128_6, fast_128_7, fast_128_8},
     {fastw_128_1, fastw_128_2, fastw_128_3, fastw_128_4, fastw_128_5, fastw_128_6, fastw_128_7, fastw_128_8}};
+#if HAVE_PAIR
+static const fast_fn PAIR_64[2][FAST_MAX_GROUP] = {
+    {fastp_64_1, fastp_64_2, fastp_64_3, fastp_64_4, fastp_64_5, fastp_64_6, fastp_64_7, fastp_64_8},
+    {fastpw_64_1, fastpw_64_2, fastpw_64_3, fastpw_64_4, fastpw_64_5, fastpw_64_6, fastpw_64_7, fastpw_64_8}};
+static const fast_fn PAIR_128[2][FAST_MAX_GROUP] = {
+    {fastp_128_1, fastp_128_2, fastp_128_3, fastp_128_4, fastp_128_5, fastp_128_6, fastp_128_7, fastp_128_8},
+    {fastpw_128_1, fastpw_128_2, fastpw_128_3, fastpw_128_4, fastpw_128_5, fastpw_128_6, fastpw_128_7,
+     fastpw_128_8}};
+#endif
 
-static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
-    (void)kv_dtype;
+/* bfloat16 queries over a bfloat16 cache take the pair scores where the CPU has them (HAVE_PAIR) */
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype, int dtype) {
     if (group < 1 || group > FAST_MAX_GROUP) return NULL;
+#if HAVE_PAIR
+    if (kv_dtype == 1 && dtype == 1)
+        return head_dim == 64 ? PAIR_64[whole][group - 1] : head_dim == 128 ? PAIR_128[whole][group - 1] : NULL;
+#endif
+    (void)kv_dtype, (void)dtype;
     return head_dim == 64 ? FAST_64[whole][group - 1] : head_dim == 128 ? FAST_128[whole][group - 1] : NULL;
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -811,16 +910,16 @@ static const fast_fn FAST_64[FAST_MAX_GROUP] = {fast_64_1, fast_64_2, fast_64_3,
 static const fast_fn FAST_128[FAST_MAX_GROUP] = {fast_128_1, fast_128_2, fast_128_3, fast_128_4,
                                                  fast_128_5, fast_128_6, fast_128_7, fast_128_8};
 
-static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) { /* one walk for whole rows too */
-    (void)whole;
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype, int dtype) { /* one walk: whole rows too */
+    (void)whole, (void)dtype;
     if (group < 1 || group > FAST_MAX_GROUP || kv_dtype != 1) return NULL;
     return head_dim == 64 ? FAST_64[group - 1] : head_dim == 128 ? FAST_128[group - 1] : NULL;
 }
 #else
 #define CHUNKED 1
 typedef void (*fast_fn)(const void *, float *, int, int, int, int64_t);
-static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype) {
-    (void)head_dim, (void)group, (void)whole, (void)kv_dtype;
+static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype, int dtype) {
+    (void)head_dim, (void)group, (void)whole, (void)kv_dtype, (void)dtype;
     return NULL;
 }
 static size_t fast_scratch_floats(int per, int group, int head_dim) {
@@ -901,8 +1000,8 @@ int splitserve_decode_attention(const void *q, const void *k_cache, const void *
     while (num_kv_heads % per) per--;
     const int tasks_per_seq = num_kv_heads / per;
     const int whole = per == num_kv_heads && page_size % 16 == 0;
-    const fast_fn fast = generic_only ? NULL : pick_fast(head_dim, group, 0, kv_dtype),
-                  fast_whole = generic_only ? NULL : pick_fast(head_dim, group, whole, kv_dtype);
+    const fast_fn fast = generic_only ? NULL : pick_fast(head_dim, group, 0, kv_dtype, dtype),
+                  fast_whole = generic_only ? NULL : pick_fast(head_dim, group, whole, kv_dtype, dtype);
     /* per-thread scratch: the fast body's state, or the generic body's query rows and accumulators plus one
      * converted K and V page for 16-bit caches or a page of gathered keys */
     const size_t floats = fast ? fast_scratch_floats(per, group, head_dim)
