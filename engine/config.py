@@ -145,7 +145,8 @@ class SchedulerConfig:
     # alternating: float32 job 39.3-45.1 -> 36.0-39.9 s, mean TTFT 13.5-15.7 -> 11.2-12.8 s (a 4,096-row step's
     # activations spill the caches: 1,462 prefill tok/s against 1,680 at 2,048); bfloat16 1.02-1.04x, TTFT level
     max_prefill_tokens: int = field(default=2048, metadata={
-        "help": "prefill token budget of one step (a single unchunked prompt may exceed it)"})
+        "help": "prefill token budget of one step, between two of a stream's tokens (a step that several "
+                "prompts fill runs as sub-steps of one chunk; a single unchunked prompt may exceed it)"})
     schedule_policy: str = field(default="fcfs", metadata={
         "help": "waiting-queue order: fcfs, or lpm (longest cached prefix first)", "choices": SCHEDULE_POLICIES})
     max_queued_requests: int = field(default=4096, metadata={

@@ -3,7 +3,9 @@
 Every running request computes its tokens (prompt, then output) from ``kv_len`` on: a decode is the case of one
 remaining token; a prefill is cut into chunks of at most ``chunked_prefill_size`` and shares a per-step token
 budget. Decodes go first, so a long prompt never stalls running streams; so do short runs of output tokens
-(``append_forced``: a grammar's jump-forward), outside the budget. Admission allocates a request's pages
+(``append_forced``: a grammar's jump-forward), outside the budget. A step whose budget several prompts' chunks
+would fill runs as sub-steps of one chunk, the decodes on the last (``_sub_step``): streams keep their pace and
+prompts that finish early in the step answer early. Admission allocates a request's pages
 up front; decode pages are added at page boundaries, and when memory runs out the newest request is retracted
 (its pages released, the request requeued with its output so far) so older ones can finish.
 
@@ -42,6 +44,7 @@ class Scheduler:
         self.num_retractions = 0
         self.idle_on_loads = False  # the last schedule() found nothing to compute until a load finishes
         self.step_seconds = 0.0  # recent steps' time (an average), what an in-line load-back is weighed against
+        self._prefilled = 0  # prefill tokens computed in sub-steps since the decodes last ran (see _sub_step)
 
     # -- queue management --------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -160,19 +163,50 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         self.kv.cache.finish_loads()  # prefixes loaded since the last step join the cache
         self._reserve_decode_pages()
-        seqs: list[ScheduledSeq] = []
-        budget = self.cfg.max_prefill_tokens
-        for req in self.running:
-            if req.remaining == 1 or self._forced_run(req):
-                seqs.append(ScheduledSeq(req, req.kv_len, req.remaining, True))
+        decodes = [ScheduledSeq(r, r.kv_len, r.remaining, True) for r in self.running
+                   if r.remaining == 1 or self._forced_run(r)]
+        left = self.cfg.max_prefill_tokens - self._prefilled
+        sub_step = self._sub_step(left)
+        budget = full = self.cfg.chunk_size if sub_step else left
+        prefills: list[ScheduledSeq] = []
         for req in self.running:
             if req.remaining > 1 and budget > 0 and not self._forced_run(req):
-                n = self._chunk(req.remaining, budget, first=budget == self.cfg.max_prefill_tokens)
-                seqs.append(ScheduledSeq(req, req.kv_len, n, n == req.remaining))
+                n = self._chunk(req.remaining, budget, first=budget == full)
+                prefills.append(ScheduledSeq(req, req.kv_len, n, n == req.remaining))
                 budget -= n
-        budget = self._admit(seqs, budget)
+        budget = self._admit(prefills, budget, full)
+        if sub_step and decodes and budget < full:  # the decodes wait for the sub-step that fills the budget
+            self._prefilled += full - budget
+            decodes = []
+        else:
+            self._prefilled = 0
+        seqs = decodes + prefills
         self.idle_on_loads = not seqs and self.kv.cache.loads_in_flight > 0
         return ScheduledBatch(seqs) if seqs else None
+
+    def _sub_step(self, left: int) -> bool:
+        """Whether this step is one chunk of a full step: the prefill that wants to run fills the step's budget
+        (``left`` of ``max_prefill_tokens`` since the decodes last ran) with more than one chunk. Such a step is
+        computed as sub-steps of one chunk each, the decodes riding on the one that fills the budget, so the
+        running streams get their tokens when the whole step would have given them, and a prompt that finishes
+        in an earlier sub-step gives its first token then instead of at the end of the whole step (64 prompts of
+        512 tokens at once, SmolLM2 bfloat16, 2 cores, alternating with whole steps in process: mean TTFT
+        11.71 -> 10.81 s and 11.52 -> 11.20 s; the job level, the mean time per output token 3-6% longer since
+        the first token comes earlier and the last no later)."""
+        chunk = self.cfg.chunk_size
+        if chunk is None or left <= chunk:
+            return False
+        wanted = 0
+        for req in self.running:
+            if req.remaining > 1 and not self._forced_run(req):
+                wanted += min(req.remaining, chunk)
+                if wanted >= left:
+                    return True
+        for req in self.waiting:
+            wanted += min(req.seq_len, chunk)
+            if wanted >= left:
+                return True
+        return False
 
     @staticmethod
     def _forced_run(req: Request) -> bool:
@@ -212,7 +246,7 @@ class Scheduler:
         """What the prefix cache holds of ``req``'s prompt, in the device and host tiers."""
         return self.kv.cached_length(req)
 
-    def _admit(self, seqs: list[ScheduledSeq], budget: int) -> int:
+    def _admit(self, seqs: list[ScheduledSeq], budget: int, full: int) -> int:
         if not self.waiting or budget <= 0:
             return budget
         waiting = order_waiting(list(self.waiting), self.cfg.schedule_policy, self._cached_tokens)
@@ -228,7 +262,7 @@ class Scheduler:
             match = self.kv.match_or_load(req, INLINE_SHARE * self.step_seconds if self.running else math.inf)
             if match is None:
                 continue  # its prefix is loading: it waits in the queue, the requests behind it go on
-            n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == self.cfg.max_prefill_tokens)
+            n = self._chunk(req.seq_len - match.num_tokens, budget, first=budget == full)
             if n == 0:
                 break
             # headroom: one page per decoding request, so admission does not force an immediate retraction

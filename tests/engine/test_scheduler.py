@@ -80,13 +80,52 @@ def test_forced_output_tokens_run_with_the_decodes_even_when_prompts_fill_the_bu
 
 
 def test_prefill_budget_is_shared_across_new_requests() -> None:
-    s = make_scheduler(chunk=16, budget=20)
+    s = make_scheduler(chunk=32, budget=20)
     for i in range(3):
         s.add(make_req(f"r{i}", 12))
     batch = step(s)
     assert batch is not None and batch.num_tokens == 20  # 12 + 8 (chunked), third waits
     assert [seq.num_tokens for seq in batch.seqs] == [12, 8]
     assert len(s.waiting) == 1
+
+
+def test_a_step_that_prompts_fill_runs_as_sub_steps_with_the_decodes_on_the_last() -> None:
+    s = make_scheduler(chunk=16, budget=48)
+    a = make_req("a", 5, max_new=50)
+    s.add(a)
+    step(s)
+    prompts = [make_req(f"p{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 16)), max_new=4) for i in range(6)]
+    for p in prompts:
+        s.add(p)
+    steps = [[(seq.req.rid, seq.num_tokens) for seq in step(s).seqs] for _ in range(6)]
+    # 48 tokens of prompts between two of a's tokens, as one whole step would have run them, 16 a sub-step
+    assert steps[:3] == [[("p0", 16)], [("p1", 16)], [("a", 1), ("p0", 1), ("p1", 1), ("p2", 16)]]
+    assert steps[3:5] == [[("p3", 16)], [("p4", 16)]]
+    assert steps[5] == [("a", 1), ("p0", 1), ("p1", 1), ("p2", 1), ("p3", 1), ("p4", 1), ("p5", 16)]
+    assert len(prompts[0].output_ids) == 3  # its first token came after the first sub-step, not the third
+
+
+def test_decodes_are_not_held_back_when_the_prompts_would_not_fill_the_step() -> None:
+    s = make_scheduler(chunk=16, budget=48)
+    a = make_req("a", 5, max_new=50)
+    s.add(a)
+    step(s)
+    s.add(make_req("long", 100, max_new=2))  # one prompt: one chunk a step, far under the budget
+    s.add(make_req("short", 8, max_new=2))
+    for _ in range(3):
+        assert ("a", 1) in [(seq.req.rid, seq.num_tokens) for seq in step(s).seqs]
+
+
+def test_decodes_run_when_no_waiting_prompt_can_be_admitted() -> None:
+    s = make_scheduler(num_pages=1 + 8, chunk=16, budget=48)  # 8 usable pages = 32 tokens
+    a = make_req("a", 5, max_new=20)
+    s.add(a)
+    step(s)
+    for i in range(4):
+        s.add(make_req(f"big{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 30)), max_new=2))  # 8 pages each
+    for _ in range(3):
+        batch = step(s)
+        assert batch is not None and [(seq.req.rid, seq.num_tokens) for seq in batch.seqs] == [("a", 1)]
 
 
 def test_without_chunking_a_long_prompt_runs_whole_and_alone() -> None:
