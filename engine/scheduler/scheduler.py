@@ -190,9 +190,9 @@ class Scheduler:
         computed as sub-steps of one chunk each, the decodes riding on the one that fills the budget, so the
         running streams get their tokens when the whole step would have given them, and a prompt that finishes
         in an earlier sub-step gives its first token then instead of at the end of the whole step (64 prompts of
-        512 tokens at once, SmolLM2 bfloat16, 2 cores, alternating with whole steps in process: mean TTFT
-        11.71 -> 10.81 s and 11.52 -> 11.20 s; the job level, the mean time per output token 3-6% longer since
-        the first token comes earlier and the last no later)."""
+        512 tokens at once, 128 out, SmolLM2 bfloat16, 2 cores, alternating with whole steps in process, three
+        rounds: mean TTFT 11.87 -> 11.23 s, mean time per output token 167.9 -> 164.9 ms, job 33.46 -> 32.74 s).
+        A prompt's forward costs the same in a 512- or a 2,048-row step, and a step's own overhead is under 1 ms."""
         chunk = self.cfg.chunk_size
         if chunk is None or left <= chunk:
             return False

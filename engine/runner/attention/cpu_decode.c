@@ -726,7 +726,7 @@ static const fast_fn PAIR_128[2][FAST_MAX_GROUP] = {
      fastpw_128_8}};
 #endif
 
-/* bfloat16 queries over a bfloat16 cache take the pair scores where the CPU has them (HAVE_PAIR) */
+/* bfloat16 queries over a bfloat16 cache take the pair path where the CPU has it (HAVE_PAIR) */
 static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype, int dtype) {
     if (group < 1 || group > FAST_MAX_GROUP) return NULL;
 #if HAVE_PAIR
