@@ -15,6 +15,7 @@ import torch
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.engine_core import EngineCore
+from engine.models import row_calibration
 from engine.runner.attention.base import AttentionMeta, ExtendSeq
 from engine.runner.layer_stack import LayerStack
 from engine.sampling_params import SamplingParams
@@ -64,6 +65,17 @@ class BothPaths:
         runner.forward = both  # type: ignore[method-assign]
 
 
+def pin_kernel_rows(monkeypatch: pytest.MonkeyPatch, top: int = 63) -> None:
+    """Pins the few-rows kernel's own calibration to 1-``top`` rows. The host's answer varies (a Zen 3 host's gave
+    the tiny model 1-32 and SmolLM2 1-64, too few for any step with prefill chunks in these runs, which then all
+    went through the layers), so pinned, the steps the stack takes are the same on every host. Which GEMM takes
+    the other counts (oneDNN or MKL), the packed routes and bfloat16's widening keep the host's answers."""
+    real = row_calibration.cached_rows
+    rows = frozenset(range(1, top + 1))
+    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None:
+                        real(key, measure, file) if "onednn" in key or "-vs-" in key or "widen" in key else rows)
+
+
 def check_mixed_run(core: EngineCore, n: int = 8) -> BothPaths:
     both = BothPaths(core)
     run(core, prompts(n), [params(i) for i in range(n)])
@@ -73,7 +85,9 @@ def check_mixed_run(core: EngineCore, n: int = 8) -> BothPaths:
 
 
 @pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
-def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, pool: int) -> None:
+def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, pool: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    pin_kernel_rows(monkeypatch)  # the first step (8 prompts' 8-token chunks, 64 rows) is left to the layers
     ref = run(make_core(tiny_model_dir), prompts(8), [params(i) for i in range(8)])
     core = make_core(tiny_model_dir, chunk=8, max_total_tokens=pool, speculative=drafting_always(NGRAM),
                      drafter=TreeDrafter({r.rid: r.output_ids for r in ref}, 4000))
@@ -98,7 +112,9 @@ def test_plain_decoding_with_prompt_logprobs_matches(tiny_model_dir: Path) -> No
     assert all(r.finished for r in reqs) and both.stacked > 0
 
 
-def test_a_qwen2_checkpoint_with_qkv_bias_matches(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_qwen2_checkpoint_with_qkv_bias_matches(tmp_path: Path, tiny_model_dir: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pin_kernel_rows(monkeypatch)
     ckpt = write_hf_checkpoint(tmp_path / "qwen2", "qwen2", vocab_size=4096, tokenizer_from=tiny_model_dir)
     core = make_core(ckpt, chunk=8, speculative=drafting_always(NGRAM))
     assert core.model.layers[0].self_attn.qkv_proj.bias is not None
