@@ -19,7 +19,7 @@ from tests.engine.test_speculative_decoding_is_lossless import NGRAM
 def test_smollm2_steps_and_verifications_match(smollm2: ModelSource, dtype: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pin_kernel_rows(monkeypatch)  # (where the host packs the weights, its own answers)
-    # 8-token chunks: the prompts (14-31 tokens) take three steps with prefill chunks, the first of 40 rows
+    # 8-token chunks: the prompts (14-31 tokens) take two to four each, the first step 40 rows of them
     core = make_core(smollm2.folder, dtype=dtype, chunk=8,
                      speculative=drafting_always(replace(NGRAM, speculative_ngram_branches=3)))
     both = check_mixed_run(core, n=5)
