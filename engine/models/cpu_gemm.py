@@ -6,9 +6,9 @@ The few-rows kernel reads each weight row once for all of a call's rows, where M
 per call: for a small decode batch or a speculative verification that packing is most of the work. A row's
 result does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch.
 In bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take
-bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512 the same library's
-output-lanes GEMM takes weights repacked once (``lanes_pack``; bfloat16 in pairs, with AVX-512 BF16) at up to
-MAX_ROWS rows: what packed layers use for the row counts it beats oneDNN's GEMM at."""
+bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512, or AVX2 and FMA, the
+same library's output-lanes GEMM takes weights repacked once (``lanes_pack``; bfloat16 in pairs, with AVX-512 BF16)
+at up to MAX_ROWS rows: what packed layers use for the row counts it beats oneDNN's GEMM at."""
 from __future__ import annotations
 
 import ctypes
@@ -111,7 +111,7 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
 
 def lanes_rows_max(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
     """The most rows the output-lanes GEMM takes in ``dtype``: the pair GEMM in bfloat16 (AVX-512 BF16), the lanes
-    GEMM in float32 (AVX-512); 0 where it has none (another CPU, or an older kernel library)."""
+    GEMM in float32 (AVX-512, or AVX2 with FMA); 0 where it has none (another CPU, or an older kernel library)."""
     name = "splitserve_pair_rows_max" if dtype == torch.bfloat16 else "splitserve_lanes_rows_max"
     return getattr(lib, name)() if dtype in KERNEL_DTYPES and hasattr(lib, name) else 0
 

@@ -64,18 +64,38 @@ def onednn_beats_mkl(weight: torch.Tensor, reps: int = 3, passes: int = 3) -> bo
     the median over ``passes`` of each one's best of ``reps``, once per host (``row_calibration``)."""
     if not cpu_gemm.can_prepack(weight.device, torch.float32):
         return False
+    return _beats_mkl(weight, "onednn-dense-vs-mkl", lambda: lambda x: cpu_gemm.onednn_linear(x, weight, None),
+                      reps, passes)
 
+
+def lanes_beats_mkl(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 3, passes: int = 3) -> bool:
+    """Whether the output-lanes GEMM (on a copy of ``weight`` in its layout) is faster than ``F.linear`` (MKL) at
+    BIG_ROWS rows here, as ``onednn_beats_mkl``. Where oneDNN does not beat MKL (a Zen 3 host, 2 threads: SmolLM2's
+    30 layers' shapes at 512 rows, MKL 642 ms, oneDNN's packed GEMM 686), this is what lets a float32 model take the
+    lanes GEMM (linear.packs_float32_for_lanes; there 597 ms, and 154 against MKL's 193 at 128 rows)."""
+    def contender() -> Callable[[torch.Tensor], torch.Tensor]:
+        copy = cpu_gemm.lanes_pack(weight)
+        return lambda x: cpu_gemm.lanes_gemm(lib, x, copy, weight.shape[0], None)
+    return _beats_mkl(weight, Path(lib._name).stem + "-lanes-vs-mkl", contender, reps, passes)
+
+
+def _beats_mkl(weight: torch.Tensor, name: str, contender: Callable[[], Callable[[torch.Tensor], torch.Tensor]],
+               reps: int, passes: int) -> bool:
+    """Whether ``contender()``'s function of x beats ``F.linear(x, weight)`` at BIG_ROWS rows: the median over
+    ``passes`` of the time each one's best of ``reps`` saves, measured once per host under ``name``."""
     def measure() -> frozenset[int]:
         x = torch.randn(BIG_ROWS, weight.shape[1], generator=torch.Generator().manual_seed(0))
         try:
+            fn = contender()
             with torch.inference_mode():
-                saved = [best_of(lambda: F.linear(x, weight), reps)
-                         - best_of(lambda: cpu_gemm.onednn_linear(x, weight, None), reps) for _ in range(passes)]
+                saved = [best_of(lambda: F.linear(x, weight), reps) - best_of(lambda: fn(x), reps)
+                         for _ in range(passes)]
         except RuntimeError as e:  # a oneDNN build that packs but refuses this call: MKL it is
-            log.info("oneDNN's float32 GEMM is not usable here (%s): MKL's takes prefill", str(e).splitlines()[0])
+            log.info("%s: the contender is not usable here (%s): MKL's GEMM takes prefill", name,
+                     str(e).splitlines()[0])
             return frozenset()
         return frozenset({BIG_ROWS}) if statistics.median(saved) > 0 else frozenset()
-    return bool(row_calibration.cached_rows(row_calibration.key(tuple(weight.shape), "onednn-dense-vs-mkl"), measure))
+    return bool(row_calibration.cached_rows(row_calibration.key(tuple(weight.shape), name), measure))
 
 
 def widened_wins(lib: ctypes.CDLL, weight: torch.Tensor, reps: int = 2, passes: int = 3) -> frozenset[int]:

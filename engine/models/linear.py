@@ -11,8 +11,8 @@ the packed GEMM was 1.1-1.36x faster at 64, 512 and 4,096 rows (MKL takes a slow
 which made a batch-64 SmolLM2 decode step 1.33x faster. But its rounding is not MKL's: on SmolLM2 the logits
 then differ from transformers (which uses MKL) by up to 1.5e-4, against 6.9e-5 unpacked, over the 1e-4 the
 real-model test allows. So by default (``auto``) only bfloat16 weights were packed; ``on`` packs float32 too.
-Now ``auto`` packs a float32 model as well where the output-lanes GEMM runs (AVX-512) and takes its decode-sized
-steps (``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256
+Now ``auto`` packs a float32 model as well where the output-lanes GEMM runs (AVX-512, or AVX2 with FMA) and takes
+its decode-sized steps (``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256
 rows going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
 
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
@@ -75,17 +75,20 @@ def should_prepack(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def packs_float32_for_lanes(mode: str, model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``auto`` packs a float32 model too: where the output-lanes GEMM runs here (AVX-512), the model's
-    decoder layers have a weight large enough to time (SmolLM2's 3,072 x 576; not the tiny test model's, whose
-    mechanics tests keep ``FewRowsLinear``) and oneDNN beat MKL at a prefill chunk's rows, its layers become
-    ``PackedLinear``: the lanes GEMM takes the row counts it won (on a copy that takes the dense weight's memory),
-    oneDNN's packed GEMM the rest, as ``FewRowsLinear`` gave them to oneDNN before."""
+    """Whether ``auto`` packs a float32 model too: where the output-lanes GEMM runs here (AVX-512 or AVX2 with
+    FMA), the model's decoder layers have a weight large enough to time (SmolLM2's 3,072 x 576; not the tiny test
+    model's, whose mechanics tests keep ``FewRowsLinear``) and oneDNN or the lanes GEMM beat MKL at a prefill
+    chunk's rows, its layers become ``PackedLinear``: the lanes GEMM takes the row counts it won (on a copy that
+    takes the dense weight's memory), oneDNN's packed GEMM the rest, as ``FewRowsLinear`` gave them to oneDNN
+    before. Where only the lanes GEMM beat MKL, it beat the packed GEMM at those rows too or the packed GEMM beat
+    it (``few_rows_vs_packed``, ``lanes_beyond``): either way prefill chunks take no slower a GEMM than MKL's."""
     lib = cpu_gemm.few_rows_kernel()
     layers = getattr(model, "layers", None)
     weights = _linear_weights(layers) if isinstance(layers, nn.Module) else []
     return (mode == "auto" and dtype == torch.float32 and lib is not None and bool(weights)
             and cpu_gemm.lanes_rows_max(lib, dtype) > 0 and cpu_gemm.can_prepack(device, dtype)
-            and (widest := _widest(weights)).numel() >= CALIBRATE_MIN and gemm_timing.onednn_beats_mkl(widest))
+            and (widest := _widest(weights)).numel() >= CALIBRATE_MIN
+            and (gemm_timing.onednn_beats_mkl(widest) or gemm_timing.lanes_beats_mkl(lib, widest)))
 
 
 def _linear_weights(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

@@ -6,8 +6,8 @@ not take still runs.
 
 It takes a step whose row count (decode rows: a sequence's next token, or its draft nodes; and prefill chunks'
 rows), and the count of rows whose logits are wanted, are ones the few-rows GEMM takes for every linear layer
-(the counts each layer's calibration chose; with AVX-512: the output-lanes GEMM's, 1-256 for SmolLM2 on a Zen 4
-host), one GEMM function for all of them, on CPU, for float32 or bfloat16 models without per-head QK norms whose
+(the counts each layer's calibration chose; with AVX-512 or AVX2: the output-lanes GEMM's, 1-256 for SmolLM2 on a
+Zen 4 host, and every count where it took those), one GEMM function for all of them, on CPU, for float32 or bfloat16 models without per-head QK norms whose
 KV pool has the model's dtype. As in ``CausalLM.forward``, the last layer projects out only the rows whose
 logits are wanted: a prefill chunk's last. Measured: the prefill of one 128-token prompt of SmolLM2 (bfloat16,
 2 threads) spent ~13% of its time in the per-layer path's Python, one core waiting."""

@@ -1,10 +1,11 @@
 """The output-lanes GEMM (engine/models/few_rows_gemm.c: weights in blocks of 16 outputs, bfloat16 in pairs of k
-with AVX-512 BF16, float32 with AVX-512) equals a float64 product (rounded to bfloat16 in bfloat16), to within the
-rounding of its sums, for every row count it takes (tiles of up to 8 rows, partial ones and the uneven splits of
-larger counts too), with and without bias, on output counts that are and are not multiples of its 16-lane blocks
-and 3-block groups; a row's result does not depend on how many rows came with it; and a packed model routes the
-counts it calibrated to through it, keeping its copy in place of the dense weight, or, where it keeps level at a
-prefill chunk's rows too, every count, without oneDNN's packed copy."""
+with AVX-512 BF16, float32 with AVX-512 or AVX2) equals a float64 product (rounded to bfloat16 in bfloat16), to
+within the rounding of its sums, for every row count it takes (tiles of up to 8 rows with AVX-512, 6 with AVX2,
+partial ones and the uneven splits of larger counts too), with and without bias, on output counts that are and are
+not multiples of its 16-lane blocks and 3-block groups; a row's result does not depend on how many rows came with
+it; a packed model routes the counts it calibrated to through it, keeping its copy in place of the dense weight,
+or, where it keeps level at a prefill chunk's rows too, every count, without oneDNN's packed copy; and where
+oneDNN does not beat MKL at a prefill chunk's rows, a float32 model takes it only if it does."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -154,3 +155,20 @@ def test_where_it_keeps_level_at_a_prefill_chunks_rows_it_takes_every_count_and_
         c.run_to_completion([req])
         outs.append(req.output_ids)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("lanes_wins", [True, False])
+def test_where_onednn_loses_to_mkl_a_float32_model_takes_it_only_where_it_beats_mkl(
+        lanes_wins: bool, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if lanes_rows_max(lib, torch.float32) == 0:
+        pytest.skip("no output-lanes GEMM for float32 on this CPU")
+    name = calibrated_as(monkeypatch, torch.float32, frozenset(range(1, 257)), frozenset({512}))
+    monkeypatch.setattr("engine.models.gemm_timing.onednn_beats_mkl", lambda weight: False)
+    asked = []
+    monkeypatch.setattr("engine.models.gemm_timing.lanes_beats_mkl",
+                        lambda lib_, weight: asked.append(tuple(weight.shape)) or lanes_wins)
+    core = make_core(tiny_model_dir, dtype=name)
+    packed = [m for m in core.model.modules() if isinstance(m, PackedLinear)]
+    assert asked and bool(packed) == lanes_wins
+    if lanes_wins:  # every count through it (level at 512 rows): no oneDNN copy
+        assert all(m.packed is None and m.few_rows_operands().kernel == "splitserve_lanes_gemm" for m in packed)
