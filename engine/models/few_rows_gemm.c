@@ -395,6 +395,7 @@ int splitserve_few_rows_bf16_max(void) { return MAX_ROWS; }
 #define LANES_ROWS 8 /* x rows per tile at most */
 #define LANES_VECS 3 /* blocks of 16 outputs per tile */
 #define LANES_F32 1
+static inline int lanes_streams(int rows) { return (void)rows, LANES_VECS; } /* blocks a tile takes */
 #include <immintrin.h>
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define LANES_BF16 1
@@ -481,70 +482,94 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
 #endif
 
 #elif defined(__AVX2__) && defined(__FMA__)
-/* With AVX2 (16 registers of 8 floats) a block is two vectors, and a tile is up to 6 x rows against one block: 12
- * accumulators, 2 weight loads and 6 broadcasts for 12 FMAs, the sums lane by lane in the same order as above (the
- * same bits as the AVX-512 build). Where a block takes more than one tile, each tile prefetches a share of the next
- * block into L2 (the weights a tile reads from memory are then read during the compute of the tiles before;
- * 1.03-1.09x from 12 to 128 rows, level below, against no prefetch; with one tile it cost up to 0.90x at 1 row).
- * SmolLM2's 30 layers' shapes on a Zen 3 host (2 threads, alternating with MKL behind F.linear, oneDNN's packed GEMM
- * and the tiles above), ms: 1 row 15.3 / 28.5 / 20.1 / 17.8, 6 rows 14.7 / 45.8 / 27.4 / 20.1, 8 rows 21.4 / 47.9 /
- * 29.5 / 20.6, 32 rows 44.0 / 79.4 / 59.8 / 52.8, 128 rows 149.8 / 205.9 / 190.3 / 206.1 (181 GFLOP/s, 89% of the
- * host's FMA peak, where MKL's was 65%), 512 rows (unprefetched) 597 / 642 / 686 / 956. */
+/* With AVX2 (16 registers of 8 floats) a block is two vectors, and a tile is R x rows against NB blocks with R * NB
+ * at most 6: 12 accumulators, the sums lane by lane in the same order as above (the same bits as the AVX-512 build,
+ * and the same whatever the tile). Up to 2 rows a tile takes several blocks at once (lanes_streams): each block is a
+ * weight stream of its own, and one stream per thread left a 1-row GEMM waiting on memory (SmolLM2's 30 layers and
+ * LM head, 2 threads, Zen 3, alternating: 1 row 16.3 -> 13.4 ms with 2 blocks, 15.4 -> 12.1 with 3). Where a
+ * block takes more than one tile, each tile prefetches a share of the next block into L2 (the weights a tile reads
+ * from memory are then read during the compute of the tiles before; 1.03-1.09x from 12 to 128 rows, level below,
+ * against no prefetch; with one tile it cost up to 0.90x at 1 row). SmolLM2's 30 layers' shapes on a Zen 3 host
+ * (2 threads, alternating with MKL behind F.linear, oneDNN's packed GEMM and the tiles above), ms: 8 rows 21.4 /
+ * 47.9 / 29.5 / 20.6, 32 rows 44.0 / 79.4 / 59.8 / 52.8, 128 rows 149.8 / 205.9 / 190.3 / 206.1 (181 GFLOP/s, 89%
+ * of the host's FMA peak, where MKL's was 65%), 512 rows (unprefetched) 597 / 642 / 686 / 956. */
 #include <immintrin.h>
 #define LANES_ROWS 6
-#define LANES_VECS 1
 #define LANES_F32 1
 #define LANES_BF16 0
 
-static inline __attribute__((always_inline)) void lanes_tile(const char *x, int k_dim, const int R, const char *wl,
-                                                             const void *bias, float *y, int n_total, int n0,
-                                                             const char *pf, int pf_lines) {
-    /* named accumulators: held in arrays, GCC stored all 12 to the stack at every step (the 30 layers' GEMMs ran
+/* blocks a tile takes at once for its R rows (R * NB <= 6) */
+static inline int lanes_streams(int rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
+
+/* accumulator pair t (row i, block j: t = i * NB + j) += xb * (u, v) */
+#define LANES_UP(t, xb) (l##t = _mm256_fmadd_ps(xb, u, l##t), h##t = _mm256_fmadd_ps(xb, v, h##t))
+#define LANES_SLOT(t, xb) \
+    switch (t) { \
+    case 0: LANES_UP(0, xb); break; case 1: LANES_UP(1, xb); break; case 2: LANES_UP(2, xb); break; \
+    case 3: LANES_UP(3, xb); break; case 4: LANES_UP(4, xb); break; default: LANES_UP(5, xb); break; \
+    }
+
+/* R x rows against NB blocks from output n0 on (R, NB: constants after inlining); each k step, the block's
+ * weights are loaded once for all rows, and with R <= 2 the rows' x once for all blocks */
+static inline __attribute__((always_inline)) void lanes_tile(const char *x, int k_dim, const int R, const int NB,
+                                                             const char *wl, const void *bias, float *y,
+                                                             int n_total, int n0, const char *pf, int pf_lines) {
+    /* named accumulators: held in an array, GCC stored all 12 to the stack at every step (the 30 layers' GEMMs ran
      * at 35% of the FMA peak) */
     const __m256 z = _mm256_setzero_ps();
     __m256 l0 = z, h0 = z, l1 = z, h1 = z, l2 = z, h2 = z, l3 = z, h3 = z, l4 = z, h4 = z, l5 = z, h5 = z;
-    const float *xf = (const float *)x, *w = (const float *)wl;
+    const float *xf = (const float *)x;
+    const int64_t bs = 16 * (int64_t)k_dim; /* floats a block */
     for (int c = 0; c < k_dim; c++) {
-        __m256 w0 = _mm256_loadu_ps(w + 16 * (int64_t)c), w1 = _mm256_loadu_ps(w + 16 * (int64_t)c + 8);
-        KEEP_IN_REGISTER(w0);
-        KEEP_IN_REGISTER(w1);
+        const float *wc = (const float *)wl + 16 * (int64_t)c;
         if (c < pf_lines) _mm_prefetch(pf + 64 * (int64_t)c, _MM_HINT_T1);
-#define LANES_ROW(i) \
-        if (R > i) { \
-            const __m256 xb = _mm256_broadcast_ss(xf + (int64_t)i * k_dim + c); \
-            l##i = _mm256_fmadd_ps(xb, w0, l##i); \
-            h##i = _mm256_fmadd_ps(xb, w1, h##i); \
+        __m256 x0 = _mm256_broadcast_ss(xf + c), x1 = R > 1 ? _mm256_broadcast_ss(xf + k_dim + c) : z;
+        if (R <= 2) {
+            KEEP_IN_REGISTER(x0);
+            KEEP_IN_REGISTER(x1);
         }
-        LANES_ROW(0) LANES_ROW(1) LANES_ROW(2) LANES_ROW(3) LANES_ROW(4) LANES_ROW(5)
-#undef LANES_ROW
+        for (int j = 0; j < NB; j++) {
+            __m256 u = _mm256_loadu_ps(wc + j * bs), v = _mm256_loadu_ps(wc + j * bs + 8);
+            KEEP_IN_REGISTER(u);
+            KEEP_IN_REGISTER(v);
+            if (R <= 2) {
+                LANES_SLOT(j, x0)
+                if (R > 1) LANES_SLOT(NB + j, x1)
+            } else {
+                for (int i = 0; i < R; i++) {
+                    const __m256 xb = i == 0 ? x0 : i == 1 ? x1 : _mm256_broadcast_ss(xf + (int64_t)i * k_dim + c);
+                    LANES_SLOT(i * NB + j, xb)
+                }
+            }
+        }
     }
-    const __m256 lo[LANES_ROWS] = {l0, l1, l2, l3, l4, l5}, hi[LANES_ROWS] = {h0, h1, h2, h3, h4, h5};
-    const int left = n_total - n0;
-    float b[16] = {0};
-    if (bias) memcpy(b, (const float *)bias + n0, sizeof(float) * (left < 16 ? left : 16));
-    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    for (int i = 0; i < R; i++) {
-        float *out = y + (int64_t)i * n_total + n0;
-        if (left >= 16) {
-            _mm256_storeu_ps(out, _mm256_add_ps(lo[i], b0));
-            _mm256_storeu_ps(out + 8, _mm256_add_ps(hi[i], b1));
-        } else {
-            float part[16];
-            _mm256_storeu_ps(part, _mm256_add_ps(lo[i], b0));
-            _mm256_storeu_ps(part + 8, _mm256_add_ps(hi[i], b1));
-            memcpy(out, part, sizeof(float) * left);
+    const __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
+    for (int j = 0; j < NB; j++) {
+        const int at = n0 + 16 * j, left = n_total - at;
+        float b[16] = {0};
+        if (bias) memcpy(b, (const float *)bias + at, sizeof(float) * (left < 16 ? left : 16));
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        for (int i = 0; i < R; i++) {
+            float *out = y + (int64_t)i * n_total + at, part[16];
+            float *to = left >= 16 ? out : part;
+            _mm256_storeu_ps(to, _mm256_add_ps(lo[i * NB + j], b0));
+            _mm256_storeu_ps(to + 8, _mm256_add_ps(hi[i * NB + j], b1));
+            if (left < 16) memcpy(out, part, sizeof(float) * left);
         }
     }
 }
 
-#define LANES_CASE(R) \
-    case R: lanes_tile(x, k, R, wl, bias, y, n, n0, pf, pf_lines); break;
+#define LANES_TILE(R, NB) \
+    case (R) * 8 + (NB): lanes_tile(x, k, R, NB, wl, bias, y, n, n0, pf, pf_lines); break;
 
+/* rows x rows against V blocks (the driver's: at most lanes_streams(rows)) */
 static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
                                                      const void *bias, void *y, int n, int n0, const char *pf,
                                                      int pf_lines) {
-    (void)V;
-    switch (rows) { LANES_CASE(1) LANES_CASE(2) LANES_CASE(3) LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) }
+    switch (rows * 8 + V) {
+        LANES_TILE(1, 1) LANES_TILE(1, 2) LANES_TILE(1, 3) LANES_TILE(1, 4) LANES_TILE(2, 1) LANES_TILE(2, 2)
+        LANES_TILE(2, 3) LANES_TILE(3, 1) LANES_TILE(3, 2) LANES_TILE(4, 1) LANES_TILE(5, 1) LANES_TILE(6, 1)
+    }
 }
 #else
 #define LANES_F32 0
@@ -553,17 +578,17 @@ static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int r
 
 #if LANES_F32
 /* y = x @ W^T (+ bias) for m (<= MAX_ROWS) rows, W [n, k] in lane blocks (k even in bfloat16). Parallel over groups
- * of LANES_VECS blocks; each group's x rows in tiles of at most LANES_ROWS, as even as possible, the group's weights
- * from L1/L2 for every tile after the first. */
+ * of blocks (lanes_streams of the largest tile's rows); each group's x rows in tiles of at most LANES_ROWS, as even
+ * as possible, the group's weights from L1/L2 for every tile after the first. */
 static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, int m, int n, int k, int threads,
                       const int WB) {
     if (m < 1 || m > MAX_ROWS || n < 1 || k < 1 || (WB && k % 2)) return -1;
     const int64_t es = WB ? 2 : 4;
-    const int blocks = (n + 15) / 16, groups = (blocks + LANES_VECS - 1) / LANES_VECS;
-    const int tiles = (m + LANES_ROWS - 1) / LANES_ROWS;
+    const int tiles = (m + LANES_ROWS - 1) / LANES_ROWS, nb = lanes_streams((m + tiles - 1) / tiles);
+    const int blocks = (n + 15) / 16, groups = (blocks + nb - 1) / nb;
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int g = 0; g < groups; g++) {
-        const int b0 = g * LANES_VECS, V = blocks - b0 < LANES_VECS ? blocks - b0 : LANES_VECS;
+        const int b0 = g * nb, V = blocks - b0 < nb ? blocks - b0 : nb;
         const char *wg = (const char *)wl + (int64_t)b0 * 16 * k * es;
         /* where the rows take several tiles, the next group's weights, a share during each, into L2 (AVX2: pf) */
         const int lines = tiles > 1 && b0 + V < blocks ? (int)((int64_t)V * 16 * k * es / 64) : 0;
