@@ -487,8 +487,8 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
  * and the same whatever the tile). Up to 2 rows a tile takes several blocks at once (lanes_streams): each block is a
  * weight stream of its own, and one stream per thread left a 1-row GEMM waiting on memory (SmolLM2's 30 layers and
  * LM head, 2 threads, Zen 3, alternating: 1 row 16.3 -> 13.4 ms with 2 blocks, 15.4 -> 12.1 with 3). Where a
- * block takes more than one tile, each tile prefetches a share of the next block into L2 (the weights a tile reads
- * from memory are then read during the compute of the tiles before; 1.03-1.09x from 12 to 128 rows, level below,
+ * block takes more than one tile, each tile prefetches a share of the next block (the weights a tile reads from
+ * memory are then read during the compute of the tiles before; 1.03-1.09x from 12 to 128 rows, level below,
  * against no prefetch; with one tile it cost up to 0.90x at 1 row). SmolLM2's 30 layers' shapes on a Zen 3 host
  * (2 threads, alternating with MKL behind F.linear, oneDNN's packed GEMM and the tiles above), ms: 8 rows 21.4 /
  * 47.9 / 29.5 / 20.6, 32 rows 44.0 / 79.4 / 59.8 / 52.8, 128 rows 149.8 / 205.9 / 190.3 / 206.1 (181 GFLOP/s, 89%
@@ -497,6 +497,10 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
 #define LANES_ROWS 6
 #define LANES_F32 1
 #define LANES_BF16 0
+
+/* a 4-6 row tile's single block prefetched this far ahead: alternating with no prefetch, SmolLM2's 30 layers and LM
+ * head (Zen 3, 2 threads), 5 rows 1.05-1.14x, 6 rows 1.08-1.14x, 4 rows level (0.97-1.00x); 4 and 8 KiB no better */
+#define PREFETCH_LANES 2048
 
 /* blocks a tile takes at once for its R rows (R * NB <= 6) */
 static inline int lanes_streams(int rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
@@ -522,7 +526,7 @@ static inline __attribute__((always_inline)) void lanes_tile(const char *x, int 
     const int64_t bs = 16 * (int64_t)k_dim; /* floats a block */
     for (int c = 0; c < k_dim; c++) {
         const float *wc = (const float *)wl + 16 * (int64_t)c;
-        if (c < pf_lines) _mm_prefetch(pf + 64 * (int64_t)c, _MM_HINT_T1);
+        if (c < pf_lines) _mm_prefetch(pf + 64 * (int64_t)c, _MM_HINT_T0);
         __m256 x0 = _mm256_broadcast_ss(xf + c), x1 = R > 1 ? _mm256_broadcast_ss(xf + k_dim + c) : z;
         if (R <= 2) {
             KEEP_IN_REGISTER(x0);
@@ -590,9 +594,11 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
     for (int g = 0; g < groups; g++) {
         const int b0 = g * nb, V = blocks - b0 < nb ? blocks - b0 : nb;
         const char *wg = (const char *)wl + (int64_t)b0 * 16 * k * es;
-        /* where the rows take several tiles, the next group's weights, a share during each, into L2 (AVX2: pf) */
-        const int lines = tiles > 1 && b0 + V < blocks ? (int)((int64_t)V * 16 * k * es / 64) : 0;
-        const char *next = wg + (int64_t)V * 16 * k * es;
+        /* AVX2 (the tile's pf): where the rows take several tiles, the next group's weights, a share during each;
+         * a single block in one tile, its own weights PREFETCH_LANES bytes ahead */
+        const int ahead = tiles == 1 && nb == 1;
+        const int lines = (tiles > 1 || ahead) && b0 + V < blocks ? (int)((int64_t)V * 16 * k * es / 64) : 0;
+        const char *next = ahead ? wg + PREFETCH_LANES : wg + (int64_t)V * 16 * k * es;
         for (int t = 0, done = 0; t < tiles; t++) {
             const int rows = (m - done) / (tiles - t), from = (int)((int64_t)lines * t / tiles);
             const int to = (int)((int64_t)lines * (t + 1) / tiles);
