@@ -41,9 +41,19 @@ LLC_DEFAULT = 32 << 20  # bytes of last-level cache assumed where the OS does no
 CLEAR = 2.0  # a row count whose first timing has one side this many times the other is decided then
 
 
+# a call that takes this long is timed once (after its untimed one): its time is the work's, not the timer's, and
+# each calibration's median over passes already outvotes a disturbed one. The output-lanes GEMM's calibration over
+# SmolLM2's working set took most of a float32 server's first start on a Zen 3 host (3.7 of 11 s; 4.6 s cached),
+# its counts from 192 rows 20-60 ms a call
+LONG_CALL = 0.02
+
+
 def best_of(fn: Callable[[], object], reps: int) -> float:
-    """The fastest of ``reps`` timed calls, after one untimed."""
+    """The fastest of ``reps`` timed calls (one where a call takes LONG_CALL or more), after one untimed."""
+    start = time.perf_counter()
     fn()
+    if time.perf_counter() - start >= LONG_CALL:
+        reps = 1
     times = []
     for _ in range(reps):
         start = time.perf_counter()
