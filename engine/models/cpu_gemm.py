@@ -110,8 +110,9 @@ def few_rows_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias:
 
 
 def lanes_rows_max(lib: ctypes.CDLL, dtype: torch.dtype) -> int:
-    """The most rows the output-lanes GEMM takes in ``dtype``: the pair GEMM in bfloat16 (AVX-512 BF16), the lanes
-    GEMM in float32 (AVX-512, or AVX2 with FMA); 0 where it has none (another CPU, or an older kernel library)."""
+    """The most rows the output-lanes GEMM takes in ``dtype``: the pair GEMM in bfloat16 (AVX-512 BF16, or AVX2),
+    the lanes GEMM in float32 (AVX-512, or AVX2 with FMA); 0 where it has none (another CPU, or an older kernel
+    library)."""
     name = "splitserve_pair_rows_max" if dtype == torch.bfloat16 else "splitserve_lanes_rows_max"
     return getattr(lib, name)() if dtype in KERNEL_DTYPES and hasattr(lib, name) else 0
 

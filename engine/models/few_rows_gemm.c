@@ -476,7 +476,9 @@ static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int r
 }
 #if LANES_BF16
 static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int rows, const char *wl, int V,
-                                                      const void *bias, void *y, int n, int n0) {
+                                                      const void *bias, void *y, int n, int n0, const char *pf,
+                                                      int pf_lines) {
+    (void)pf, (void)pf_lines;
     lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, 1);
 }
 #endif
@@ -492,11 +494,18 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
  * against no prefetch; with one tile it cost up to 0.90x at 1 row). SmolLM2's 30 layers' shapes on a Zen 3 host
  * (2 threads, alternating with MKL behind F.linear, oneDNN's packed GEMM and the tiles above), ms: 8 rows 21.4 /
  * 47.9 / 29.5 / 20.6, 32 rows 44.0 / 79.4 / 59.8 / 52.8, 128 rows 149.8 / 205.9 / 190.3 / 206.1 (181 GFLOP/s, 89%
- * of the host's FMA peak, where MKL's was 65%), 512 rows (unprefetched) 597 / 642 / 686 / 956. */
+ * of the host's FMA peak, where MKL's was 65%), 512 rows (unprefetched) 597 / 642 / 686 / 956.
+ * Bfloat16 (the pair layout: a 64-byte line holds a k pair for 16 outputs) is widened as it is read where the rows
+ * fit one tile, the x rows once a call, and a block once into a float32 buffer where they take several (the same
+ * bits either way: widening is exact). Against the tiles above and MKL on widened operands (SmolLM2's 30 layers and
+ * LM head, Zen 3, 2 threads, alternating), ms: 1 row 9.7 / 12.1, 5 rows 10.5 / 15.8, 16 rows 33.7 / 56.6, 64 rows
+ * 105.3 / 233.1 / 228.2, 128 rows 204.2 / 472.8 / 358.5, 512 rows 885.5 / 1930 / 1078. Widened in every tile
+ * instead, 128 rows took 382 ms (with the odd half's mask in a register, the 12 accumulators spilled: slower still). */
 #include <immintrin.h>
 #define LANES_ROWS 6
 #define LANES_F32 1
-#define LANES_BF16 0
+#define LANES_BF16 1
+#define LANES_WIDEN_X 1 /* bfloat16 x rows widened to float32 once a call */
 
 /* a 4-6 row tile's single block prefetched this far ahead: alternating with no prefetch, SmolLM2's 30 layers and LM
  * head (Zen 3, 2 threads), 5 rows 1.05-1.14x, 6 rows 1.08-1.14x, 4 rows level (0.97-1.00x); 4 and 8 KiB no better */
@@ -513,66 +522,116 @@ static inline int lanes_streams(int rows) { return rows == 1 ? 4 : rows == 2 ? 3
     case 3: LANES_UP(3, xb); break; case 4: LANES_UP(4, xb); break; default: LANES_UP(5, xb); break; \
     }
 
-/* R x rows against NB blocks from output n0 on (R, NB: constants after inlining); each k step, the block's
- * weights are loaded once for all rows, and with R <= 2 the rows' x once for all blocks */
-static inline __attribute__((always_inline)) void lanes_tile(const char *x, int k_dim, const int R, const int NB,
-                                                             const char *wl, const void *bias, float *y,
-                                                             int n_total, int n0, const char *pf, int pf_lines) {
+/* 8 outputs' weights at k step h of a 32-byte line: float32 as they are; bfloat16 pairs (WB) widened, k even (h 0)
+ * by a shift, k odd (h 1) by two (exact; a mask's register made the 12 accumulators spill) */
+static inline __attribute__((always_inline)) __m256 lanes_load(const char *p, const int h, const int WB) {
+    if (!WB) return _mm256_loadu_ps((const float *)p);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_castsi256_ps(h ? _mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16) : _mm256_slli_epi32(v, 16));
+}
+
+/* R x rows (float32: bfloat16 ones widened by the caller) against NB blocks from output n0 on (R, NB, WB: constants
+ * after inlining); each k step, the block's weights are loaded once for all rows, and with R <= 2 the rows' x once
+ * for all blocks. WB: bfloat16 weights, bias and output (rounded to nearest even), a 64-byte line holding a k pair */
+static inline __attribute__((always_inline)) void lanes_tile(const float *xf, int k_dim, const int R, const int NB,
+                                                             const char *wl, const void *bias, void *y,
+                                                             int n_total, int n0, const char *pf, int pf_lines,
+                                                             const int WB) {
     /* named accumulators: held in an array, GCC stored all 12 to the stack at every step (the 30 layers' GEMMs ran
      * at 35% of the FMA peak) */
     const __m256 z = _mm256_setzero_ps();
     __m256 l0 = z, h0 = z, l1 = z, h1 = z, l2 = z, h2 = z, l3 = z, h3 = z, l4 = z, h4 = z, l5 = z, h5 = z;
-    const float *xf = (const float *)x;
-    const int64_t bs = 16 * (int64_t)k_dim; /* floats a block */
-    for (int c = 0; c < k_dim; c++) {
-        const float *wc = (const float *)wl + 16 * (int64_t)c;
+    const int W16 = WB == 1; /* weights as bfloat16 pairs (else float32) */
+    const int64_t bb = 64 * (int64_t)(W16 ? k_dim / 2 : k_dim); /* bytes a block */
+    for (int c = 0; c < (W16 ? k_dim / 2 : k_dim); c++) { /* a 64-byte line of each block a step */
+        const char *wc = wl + 64 * (int64_t)c;
         if (c < pf_lines) _mm_prefetch(pf + 64 * (int64_t)c, _MM_HINT_T0);
-        __m256 x0 = _mm256_broadcast_ss(xf + c), x1 = R > 1 ? _mm256_broadcast_ss(xf + k_dim + c) : z;
-        if (R <= 2) {
-            KEEP_IN_REGISTER(x0);
-            KEEP_IN_REGISTER(x1);
-        }
-        for (int j = 0; j < NB; j++) {
-            __m256 u = _mm256_loadu_ps(wc + j * bs), v = _mm256_loadu_ps(wc + j * bs + 8);
-            KEEP_IN_REGISTER(u);
-            KEEP_IN_REGISTER(v);
+        for (int hk = 0; hk < (W16 ? 2 : 1); hk++) {
+            const int kk = W16 ? 2 * c + hk : c;
+            __m256 x0 = _mm256_broadcast_ss(xf + kk), x1 = R > 1 ? _mm256_broadcast_ss(xf + k_dim + kk) : z;
             if (R <= 2) {
-                LANES_SLOT(j, x0)
-                if (R > 1) LANES_SLOT(NB + j, x1)
-            } else {
-                for (int i = 0; i < R; i++) {
-                    const __m256 xb = i == 0 ? x0 : i == 1 ? x1 : _mm256_broadcast_ss(xf + (int64_t)i * k_dim + c);
-                    LANES_SLOT(i * NB + j, xb)
+                KEEP_IN_REGISTER(x0);
+                KEEP_IN_REGISTER(x1);
+            }
+            for (int j = 0; j < NB; j++) {
+                __m256 u = lanes_load(wc + j * bb, hk, W16), v = lanes_load(wc + j * bb + 32, hk, W16);
+                KEEP_IN_REGISTER(u);
+                KEEP_IN_REGISTER(v);
+                if (R <= 2) {
+                    LANES_SLOT(j, x0)
+                    if (R > 1) LANES_SLOT(NB + j, x1)
+                } else {
+                    for (int i = 0; i < R; i++) {
+                        const __m256 xb = i == 0 ? x0 : i == 1 ? x1 : _mm256_broadcast_ss(xf + (int64_t)i * k_dim + kk);
+                        LANES_SLOT(i * NB + j, xb)
+                    }
                 }
             }
         }
     }
     const __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
     for (int j = 0; j < NB; j++) {
-        const int at = n0 + 16 * j, left = n_total - at;
+        const int at = n0 + 16 * j, left = n_total - at, cnt = left < 16 ? left : 16;
         float b[16] = {0};
-        if (bias) memcpy(b, (const float *)bias + at, sizeof(float) * (left < 16 ? left : 16));
+        if (bias)
+            for (int o = 0; o < cnt; o++)
+                b[o] = WB ? bf16_to_f32(((const uint16_t *)bias)[at + o]) : ((const float *)bias)[at + o];
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
         for (int i = 0; i < R; i++) {
-            float *out = y + (int64_t)i * n_total + at, part[16];
-            float *to = left >= 16 ? out : part;
-            _mm256_storeu_ps(to, _mm256_add_ps(lo[i * NB + j], b0));
-            _mm256_storeu_ps(to + 8, _mm256_add_ps(hi[i * NB + j], b1));
-            if (left < 16) memcpy(out, part, sizeof(float) * left);
+            float part[16];
+            _mm256_storeu_ps(part, _mm256_add_ps(lo[i * NB + j], b0));
+            _mm256_storeu_ps(part + 8, _mm256_add_ps(hi[i * NB + j], b1));
+            if (WB) {
+                uint16_t out[16];
+                storek_bf16(out, loadk(part));
+                storek_bf16(out + 8, loadk(part + 8));
+                memcpy((uint16_t *)y + (int64_t)i * n_total + at, out, sizeof(uint16_t) * cnt);
+            } else {
+                memcpy((float *)y + (int64_t)i * n_total + at, part, sizeof(float) * cnt);
+            }
         }
     }
 }
 
 #define LANES_TILE(R, NB) \
-    case (R) * 8 + (NB): lanes_tile(x, k, R, NB, wl, bias, y, n, n0, pf, pf_lines); break;
+    case (R) * 8 + (NB): lanes_tile((const float *)x, k, R, NB, wl, bias, y, n, n0, pf, pf_lines, WB); break;
 
 /* rows x rows against V blocks (the driver's: at most lanes_streams(rows)) */
-static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
-                                                     const void *bias, void *y, int n, int n0, const char *pf,
-                                                     int pf_lines) {
+static inline __attribute__((always_inline)) void lanes_rows_any(const char *x, int k, int rows, const char *wl,
+                                                                 int V, const void *bias, void *y, int n, int n0,
+                                                                 const char *pf, int pf_lines, const int WB) {
     switch (rows * 8 + V) {
         LANES_TILE(1, 1) LANES_TILE(1, 2) LANES_TILE(1, 3) LANES_TILE(1, 4) LANES_TILE(2, 1) LANES_TILE(2, 2)
         LANES_TILE(2, 3) LANES_TILE(3, 1) LANES_TILE(3, 2) LANES_TILE(4, 1) LANES_TILE(5, 1) LANES_TILE(6, 1)
+    }
+}
+static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
+                                                     const void *bias, void *y, int n, int n0, const char *pf,
+                                                     int pf_lines) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 0);
+}
+static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int rows, const char *wl, int V,
+                                                      const void *bias, void *y, int n, int n0, const char *pf,
+                                                      int pf_lines) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 1);
+}
+/* the same over a bfloat16 block widened into float32 (lanes_widen: one block, its rows in several tiles) */
+static __attribute__((noinline)) void lanes_rows_wide(const char *x, int k, int rows, const char *wl,
+                                                      const void *bias, void *y, int n, int n0, const char *pf,
+                                                      int pf_lines) {
+    lanes_rows_any(x, k, rows, wl, 1, bias, y, n, n0, pf, pf_lines, 2);
+}
+
+/* a block of bfloat16 pairs ([k / 2][16][2]) into float32 ([k][16]; exact) */
+static void lanes_widen(const char *w, int k, float *out) {
+    for (int p = 0; p < k / 2; p++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(w + 64 * (int64_t)p));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(w + 64 * (int64_t)p + 32));
+        float *o = out + 32 * (int64_t)p;
+        _mm256_storeu_si256((__m256i *)o, _mm256_slli_epi32(a, 16));
+        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_slli_epi32(b, 16));
+        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_slli_epi32(_mm256_srli_epi32(a, 16), 16));
+        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_slli_epi32(_mm256_srli_epi32(b, 16), 16));
     }
 }
 #else
@@ -590,7 +649,24 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
     const int64_t es = WB ? 2 : 4;
     const int tiles = (m + LANES_ROWS - 1) / LANES_ROWS, nb = lanes_streams((m + tiles - 1) / tiles);
     const int blocks = (n + 15) / 16, groups = (blocks + nb - 1) / nb;
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    int64_t xes = es; /* bytes an x element, as the tiles read it */
+#ifdef LANES_WIDEN_X
+    float *xw = NULL;
+    if (WB) {
+        xw = malloc(sizeof(float) * (size_t)m * k);
+        if (!xw) return -1;
+        for (int64_t i = 0; i < (int64_t)m * k; i++) xw[i] = bf16_to_f32(((const uint16_t *)x)[i]);
+        x = xw;
+        xes = 4;
+    }
+#endif
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+#ifdef LANES_WIDEN_X
+    /* bfloat16 rows in several tiles: each block widened once into float32, for all of them */
+    float *wide = WB && tiles > 1 ? malloc(sizeof(float) * 16 * (size_t)k) : NULL;
+#endif
+#pragma omp for schedule(static)
     for (int g = 0; g < groups; g++) {
         const int b0 = g * nb, V = blocks - b0 < nb ? blocks - b0 : nb;
         const char *wg = (const char *)wl + (int64_t)b0 * 16 * k * es;
@@ -599,19 +675,34 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
         const int ahead = tiles == 1 && nb == 1;
         const int lines = (tiles > 1 || ahead) && b0 + V < blocks ? (int)((int64_t)V * 16 * k * es / 64) : 0;
         const char *next = ahead ? wg + PREFETCH_LANES : wg + (int64_t)V * 16 * k * es;
+#ifdef LANES_WIDEN_X
+        if (wide) lanes_widen(wg, k, wide);
+#endif
         for (int t = 0, done = 0; t < tiles; t++) {
             const int rows = (m - done) / (tiles - t), from = (int)((int64_t)lines * t / tiles);
             const int to = (int)((int64_t)lines * (t + 1) / tiles);
-            const char *xt = (const char *)x + (int64_t)done * k * es;
+            const char *xt = (const char *)x + (int64_t)done * k * xes;
             char *yt = (char *)y + (int64_t)done * n * es;
 #if LANES_BF16
-            if (WB) lanes_rows_bf16(xt, k, rows, wg, V, bias, yt, n, 16 * b0);
+#ifdef LANES_WIDEN_X
+            if (wide) lanes_rows_wide(xt, k, rows, (const char *)wide, bias, yt, n, 16 * b0, next + 64 * (int64_t)from,
+                                      to - from);
+            else
+#endif
+            if (WB) lanes_rows_bf16(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from);
             else
 #endif
                 lanes_rows_f32(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from);
             done += rows;
         }
     }
+#ifdef LANES_WIDEN_X
+    free(wide);
+#endif
+    }
+#ifdef LANES_WIDEN_X
+    free(xw);
+#endif
     return 0;
 }
 
@@ -620,7 +711,7 @@ int splitserve_lanes_gemm(const float *x, const float *wl, const float *bias, fl
     return lanes_gemm(x, wl, bias, y, m, n, k, threads, 0);
 }
 
-/* the same for bfloat16 (the pair GEMM), where this CPU has AVX-512 BF16 */
+/* the same for bfloat16 (the pair GEMM: AVX-512 BF16, or AVX2 widening the pairs) */
 int splitserve_pair_gemm_bf16(const uint16_t *x, const uint16_t *wl, const uint16_t *bias, uint16_t *y, int m,
                               int n, int k, int threads) {
     return LANES_BF16 ? lanes_gemm(x, wl, bias, y, m, n, k, threads, 1) : -1;

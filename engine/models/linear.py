@@ -12,8 +12,10 @@ which made a batch-64 SmolLM2 decode step 1.33x faster. But its rounding is not 
 then differ from transformers (which uses MKL) by up to 1.5e-4, against 6.9e-5 unpacked, over the 1e-4 the
 real-model test allows. So by default (``auto``) only bfloat16 weights were packed; ``on`` packs float32 too.
 Now ``auto`` packs a float32 model as well where the output-lanes GEMM runs (AVX-512, or AVX2 with FMA) and takes
-its decode-sized steps (``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of more than 256
-rows going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
+its decode-sized steps (``packs_float32_for_lanes``): its logits stay within 1e-4 of transformers, prefill chunks of
+more than 256 rows going to the packed GEMM as ``FewRowsLinear`` sent them to oneDNN. Only CPU weights are packed.
+Where oneDNN packs no bfloat16 (AVX2) a bfloat16 model's layers take the lanes GEMM at every count, without a oneDNN
+copy, where it beat ``FewRowsLinear``'s route at every count timed (``lanes_without_onednn``).
 
 Float32 weights that are not packed go through ``FewRowsLinear``: for few rows (a small decode batch, a
 speculative verification) the few-rows kernel (cpu_gemm.py) reads each weight row once, where MKL's sgemm packs
@@ -89,6 +91,51 @@ def packs_float32_for_lanes(mode: str, model: nn.Module, device: torch.device, d
             and cpu_gemm.lanes_rows_max(lib, dtype) > 0 and cpu_gemm.can_prepack(device, dtype)
             and (widest := _widest(weights)).numel() >= CALIBRATE_MIN
             and (gemm_timing.onednn_beats_mkl(widest) or gemm_timing.lanes_beats_mkl(lib, widest)))
+
+
+def lanes_without_onednn(mode: str, model: nn.Module, device: torch.device, dtype: torch.dtype) -> RowRoute | None:
+    """Where oneDNN does not pack ``dtype`` here (bfloat16 without AVX-512) but the output-lanes GEMM takes it
+    (AVX2: bfloat16 pairs widened as they are read), ``auto``'s route for the model's layers if that GEMM beat
+    ``FewRowsLinear``'s at every count timed (1-256 rows, the few-rows kernel, over a working set of the model's
+    weights) and kept level at a prefill chunk's rows (against MKL on widened operands where that beat the kernel
+    here): every count, in ``PackedLinear`` without a oneDNN copy. None: ``FewRowsLinear`` keeps them."""
+    lib = cpu_gemm.few_rows_kernel()
+    layers = getattr(model, "layers", None)
+    weights = _linear_weights(layers, dtype) if isinstance(layers, nn.Module) else []
+    if (mode != "auto" or device.type != "cpu" or lib is None or not weights or cpu_gemm.can_prepack(device, dtype)
+            or cpu_gemm.lanes_rows_max(lib, dtype) == 0 or (widest := _widest(weights)).numel() < CALIBRATE_MIN):
+        return None
+    if any(_odd_pairs(True, w) for w in _linear_weights(model, dtype)):  # PackedLinear would need oneDNN for them
+        return None
+    timed = gemm_timing.working_set(weights)
+    copies: list[torch.Tensor] = []
+
+    def lanes(x: torch.Tensor, i: int) -> torch.Tensor:
+        if not copies:
+            copies.extend(cpu_gemm.lanes_pack(w) for w in timed)
+        return cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)
+    widen = _widened_wins(lib, widest)
+    stem = gemm_timing.kernel_key(lib, timed) + f"-lanes-vs-kernel-{str(dtype).replace('torch.', '')}"
+    counts = gemm_timing.LANES_CALIBRATE_ROWS
+    kernel = lambda x, i: cpu_gemm.few_rows_gemm(lib, x, timed[i], None)  # noqa: E731
+    rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem),
+                                       lambda: gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=lanes,
+                                                                          baseline=kernel))
+    beyond = max(counts) in rows and bool(row_calibration.cached_rows(
+        row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"),
+        lambda: gemm_timing.lanes_beyond(timed, lanes, (lambda x, i: cpu_gemm.widened_linear(x, timed[i], None))
+                                         if widen else kernel)))
+    log.info("output-lanes GEMM against the few-rows kernel (%s): %s rows%s", str(dtype).replace("torch.", ""),
+             gemm_timing.ranges(rows) or "no", ", and level at 512: it takes every count" if beyond else
+             " (not every count: the kernel keeps them)")
+    return RowRoute(lib, rows, lanes=True, beyond=True) if beyond else None
+
+
+def _widened_wins(lib: ctypes.CDLL, widest: torch.Tensor) -> bool:
+    """Whether MKL on widened bfloat16 operands beat the few-rows kernel at WIDEN_ROWS rows here (once per host)."""
+    stem = Path(lib._name).stem + "-bf16"
+    return bool(row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + f"-widen{WIDEN_ROWS}"),
+                                            lambda: gemm_timing.widened_wins(lib, widest)))
 
 
 def _linear_weights(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -168,13 +215,13 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None) -> int:
+def prepack_linears(model: nn.Module, tied_lm_head: torch.Tensor | None = None, route: RowRoute | None = None) -> int:
     """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear`` (the dense weight is dropped, unless a
-    few-rows kernel beats the packed GEMM at some row counts: ``few_rows_vs_packed``). With tied embeddings,
-    ``tied_lm_head`` (the embedding matrix) also gets a packed copy as ``model.lm_head``, since the embedding
-    lookup still needs the dense one. Returns how many layers were packed."""
-    weights = _linear_weights(model, torch.bfloat16) or _linear_weights(model)
-    route = few_rows_vs_packed(weights)
+    few-rows kernel beats the packed GEMM at some row counts: ``few_rows_vs_packed``, or ``route`` says so). With
+    tied embeddings, ``tied_lm_head`` (the embedding matrix) also gets a packed copy as ``model.lm_head``, since the
+    embedding lookup still needs the dense one. Returns how many layers were packed."""
+    if route is None:
+        route = few_rows_vs_packed(_linear_weights(model, torch.bfloat16) or _linear_weights(model))
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
@@ -329,8 +376,7 @@ def use_few_rows_kernel(model: nn.Module, tied_lm_head: torch.Tensor | None = No
     beyond = dtype == torch.bfloat16 and cpu_gemm.max_rows(lib, dtype) == MAX_ROWS and max(counts) in rows
     widen = False
     if beyond:
-        widen = bool(row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + f"-widen{WIDEN_ROWS}"),
-                                                 lambda: gemm_timing.widened_wins(lib, widest)))
+        widen = _widened_wins(lib, widest)
         log.info("few-rows kernel for bfloat16 above %d rows too (F.linear was slower at %d)%s", max(rows),
                  max(rows), f", from {WIDEN_ROWS} rows MKL on widened operands" if widen else "")
     for name, mod in targets:

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from engine.mem.huge_pages import libc, move_weights_to_huge_pages
 from engine.models.config import ArchConfig, ModelLoadError, load_arch_config
 from engine.models.cpu_gemm import can_prepack
-from engine.models.linear import packs_float32_for_lanes, prepack_linears, should_prepack, use_few_rows_kernel
+from engine.models.linear import (lanes_without_onednn, packs_float32_for_lanes, prepack_linears, should_prepack,
+                                  use_few_rows_kernel)
 from engine.models.llama import CausalLM
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,8 @@ def load_model(model_dir: Path, dtype: str, device: torch.device, prepack: str,
     tied = model.embed_tokens.weight if cfg.tie_word_embeddings else None
     if should_prepack(prepack, device, torch_dtype) or packs_float32_for_lanes(prepack, model, device, torch_dtype):
         prepack_linears(model, tied)
+    elif (route := lanes_without_onednn(prepack, model, device, torch_dtype)) is not None:
+        prepack_linears(model, tied, route)
     elif device.type == "cpu":
         use_few_rows_kernel(model, tied, packed=prepack != "off", dtype=torch_dtype)
     log.info("loaded %s weights from %s as %s in %.1f s", cfg.architecture, gguf or model_dir,

@@ -4,8 +4,9 @@ within the rounding of its sums, for every row count it takes (tiles of up to 8 
 partial ones and the uneven splits of larger counts too), with and without bias, on output counts that are and are
 not multiples of its 16-lane blocks and 3-block groups; a row's result does not depend on how many rows came with
 it; a packed model routes the counts it calibrated to through it, keeping its copy in place of the dense weight,
-or, where it keeps level at a prefill chunk's rows too, every count, without oneDNN's packed copy; and where
-oneDNN does not beat MKL at a prefill chunk's rows, a float32 model takes it only if it does."""
+or, where it keeps level at a prefill chunk's rows too, every count, without oneDNN's packed copy; where oneDNN
+does not beat MKL at a prefill chunk's rows, a float32 model takes it only if it does; and where oneDNN packs no
+bfloat16 (AVX2), a bfloat16 model takes it for every count only where it beat the few-rows kernel at all of them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.models import row_calibration
 from engine.models.cpu_gemm import can_prepack, few_rows_kernel, lanes_gemm, lanes_pack, lanes_rows_max
-from engine.models.linear import PackedLinear
+from engine.models.linear import FewRowsLinear, PackedLinear
 from engine.runner.attention.base import AttentionMeta, ExtendSeq
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_core
@@ -172,3 +173,26 @@ def test_where_onednn_loses_to_mkl_a_float32_model_takes_it_only_where_it_beats_
     assert asked and bool(packed) == lanes_wins
     if lanes_wins:  # every count through it (level at 512 rows): no oneDNN copy
         assert all(m.packed is None and m.few_rows_operands().kernel == "splitserve_lanes_gemm" for m in packed)
+
+
+@pytest.mark.parametrize("every_count", [True, False])
+def test_where_onednn_packs_no_bfloat16_a_model_takes_it_only_where_it_beat_the_kernel_everywhere(
+        every_count: bool, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if can_prepack(torch.device("cpu"), torch.bfloat16) or lanes_rows_max(lib, torch.bfloat16) == 0:
+        pytest.skip("oneDNN packs bfloat16 here, or no output-lanes GEMM takes it")
+    monkeypatch.setattr("engine.models.linear.CALIBRATE_MIN", 1)
+    won = frozenset(range(1, 257)) if every_count else frozenset(range(1, 65))
+    keys: list[str] = []
+    monkeypatch.setattr(row_calibration, "cached_rows", lambda key, measure, file=None: keys.append(key) or (
+        frozenset({512}) if "beyond" in key or "widen" in key else won))
+    core = make_core(tiny_model_dir, dtype="bfloat16")
+    assert any("lanes-vs-kernel-bfloat16" in k for k in keys)
+    packed = [m for m in core.model.modules() if isinstance(m, PackedLinear)]
+    if every_count:
+        assert packed and not any(isinstance(m, FewRowsLinear) for m in core.model.modules())
+        assert all(m.packed is None and m.few_rows_operands().kernel == "splitserve_pair_gemm_bf16" for m in packed)
+        x = torch.randn(300, packed[0].in_features, generator=torch.Generator().manual_seed(2)).bfloat16()
+        whole = packed[0](x)  # two calls, each row its own bits
+        assert torch.equal(whole[290:], packed[0](x[290:]))
+    else:
+        assert not packed

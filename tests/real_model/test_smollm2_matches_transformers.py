@@ -113,7 +113,8 @@ def test_a_bfloat16_chunk_through_widened_mkl_continues_as_the_kernel(smollm2_gg
                      disable_radix_cache=True)
     layers = [m for m in core.runner.model.modules() if isinstance(m, linear.FewRowsLinear)]
     if not layers:
-        pytest.skip("the bfloat16 layers are oneDNN's packed ones here (AVX-512 BF16): no widened route")
+        pytest.skip("the bfloat16 layers are packed ones here (oneDNN's with AVX-512 BF16, or the output-lanes GEMM's "
+                    "at every count on AVX2): no widened route")
     widened: list[int] = []
 
     def counted(x, weight, bias):  # noqa: ANN001, ANN202
