@@ -52,8 +52,13 @@
  * x vector into each of its 4 FMAs (a memory operand), 4 loads where 1 does, and the tiles' loop becomes bound by
  * the load ports instead of the FMAs. SmolLM2's 30 layers, distinct weights per layer, alternating with the
  * folded build (2 threads, Zen 5): 12 rows 16.4 -> 12.6 ms, 32 rows 29.7 -> 23.7, 64 rows 47.1 -> 43.2; a batch-64
- * float32 decode step 126.5 -> 114.5 ms (bench_decode_ab --gemm-base). */
+ * float32 decode step 126.5 -> 114.5 ms (bench_decode_ab --gemm-base). Without AVX no register holds a vk (32
+ * bytes), and the constraint would not compile. */
+#ifdef __AVX__
 #define KEEP_IN_REGISTER(v) __asm__("" : "+v"(v))
+#else
+#define KEEP_IN_REGISTER(v) ((void)(v))
+#endif
 
 /* Bfloat16 weights on AVX2 without AVX-512 (vec16.h's BF16_HALVES 2) go through K 2 * VK elements a step, each
  * step's weights widened in two halves by one interleave of zeros each (loadk_bf16_half: elements 0-3 and 8-11,
@@ -486,7 +491,7 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* With AVX2 (16 registers of 8 floats) a block is two vectors, and a tile is R x rows against NB blocks with R * NB
  * at most 6: 12 accumulators, the sums lane by lane in the same order as above (the same bits as the AVX-512 build,
- * and the same whatever the tile). Up to 2 rows a tile takes several blocks at once (lanes_streams): each block is a
+ * and the same whatever the tile). Up to 3 rows a tile takes several blocks at once (lanes_streams): each block is a
  * weight stream of its own, and one stream per thread left a 1-row GEMM waiting on memory (SmolLM2's 30 layers and
  * LM head, 2 threads, Zen 3, alternating: 1 row 16.3 -> 13.4 ms with 2 blocks, 15.4 -> 12.1 with 3). Where a
  * block takes more than one tile, each tile prefetches a share of the next block (the weights a tile reads from
@@ -506,10 +511,6 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
 #define LANES_F32 1
 #define LANES_BF16 1
 #define LANES_WIDEN_X 1 /* bfloat16 x rows widened to float32 once a call */
-
-/* a 4-6 row tile's single block prefetched this far ahead: alternating with no prefetch, SmolLM2's 30 layers and LM
- * head (Zen 3, 2 threads), 5 rows 1.05-1.14x, 6 rows 1.08-1.14x, 4 rows level (0.97-1.00x); 4 and 8 KiB no better */
-#define PREFETCH_LANES 2048
 
 /* blocks a tile takes at once for its R rows (R * NB <= 6) */
 static inline int lanes_streams(int rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
@@ -640,6 +641,11 @@ static void lanes_widen(const char *w, int k, float *out) {
 #endif
 
 #if LANES_F32
+/* AVX2: a 4-6 row tile's single block prefetched this far ahead (the AVX-512 tiles prefetch nothing): alternating
+ * with no prefetch, SmolLM2's 30 layers and LM head (Zen 3, 2 threads), 5 rows 1.05-1.14x, 6 rows 1.08-1.14x, 4
+ * rows level (0.97-1.00x); 4 and 8 KiB no better */
+#define PREFETCH_LANES 2048
+
 /* y = x @ W^T (+ bias) for m (<= MAX_ROWS) rows, W [n, k] in lane blocks (k even in bfloat16). Parallel over groups
  * of blocks (lanes_streams of the largest tile's rows); each group's x rows in tiles of at most LANES_ROWS, as even
  * as possible, the group's weights from L1/L2 for every tile after the first. */

@@ -98,11 +98,12 @@ def lanes_without_onednn(mode: str, model: nn.Module, device: torch.device, dtyp
     (AVX2: bfloat16 pairs widened as they are read), ``auto``'s route for the model's layers if that GEMM beat
     ``FewRowsLinear``'s at every count timed (1-256 rows, the few-rows kernel, over a working set of the model's
     weights) and kept level at a prefill chunk's rows (against MKL on widened operands where that beat the kernel
-    here): every count, in ``PackedLinear`` without a oneDNN copy. None: ``FewRowsLinear`` keeps them."""
+    here): every count, in ``PackedLinear`` without a oneDNN copy (``auto`` and ``on``). None: ``FewRowsLinear``
+    keeps them."""
     lib = cpu_gemm.few_rows_kernel()
     layers = getattr(model, "layers", None)
     weights = _linear_weights(layers, dtype) if isinstance(layers, nn.Module) else []
-    if (mode != "auto" or device.type != "cpu" or lib is None or not weights or cpu_gemm.can_prepack(device, dtype)
+    if (mode == "off" or device.type != "cpu" or lib is None or not weights or cpu_gemm.can_prepack(device, dtype)
             or cpu_gemm.lanes_rows_max(lib, dtype) == 0 or (widest := _widest(weights)).numel() < CALIBRATE_MIN):
         return None
     if any(_odd_pairs(True, w) for w in _linear_weights(model, dtype)):  # PackedLinear would need oneDNN for them
