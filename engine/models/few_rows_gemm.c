@@ -625,15 +625,11 @@ static __attribute__((noinline)) void lanes_rows_wide(const char *x, int k, int 
 
 /* a block of bfloat16 pairs ([k / 2][16][2]) into float32 ([k][16]; exact) */
 static void lanes_widen(const char *w, int k, float *out) {
-    for (int p = 0; p < k / 2; p++) {
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(w + 64 * (int64_t)p));
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(w + 64 * (int64_t)p + 32));
-        float *o = out + 32 * (int64_t)p;
-        _mm256_storeu_si256((__m256i *)o, _mm256_slli_epi32(a, 16));
-        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_slli_epi32(b, 16));
-        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_slli_epi32(_mm256_srli_epi32(a, 16), 16));
-        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_slli_epi32(_mm256_srli_epi32(b, 16), 16));
-    }
+    for (int p = 0; p < k / 2; p++) /* k = 2p (h 0) and 2p + 1 (h 1), outputs 0-7 and 8-15 each */
+        for (int h = 0; h < 2; h++)
+            for (int half = 0; half < 2; half++)
+                _mm256_storeu_ps(out + 32 * (int64_t)p + 16 * h + 8 * half,
+                                 lanes_load(w + 64 * (int64_t)p + 32 * half, h, 1));
 }
 #else
 #define LANES_F32 0

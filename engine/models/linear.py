@@ -115,7 +115,6 @@ def lanes_without_onednn(mode: str, model: nn.Module, device: torch.device, dtyp
         if not copies:
             copies.extend(cpu_gemm.lanes_pack(w) for w in timed)
         return cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)
-    widen = _widened_wins(lib, widest)
     stem = gemm_timing.kernel_key(lib, timed) + f"-lanes-vs-kernel-{str(dtype).replace('torch.', '')}"
     counts = gemm_timing.LANES_CALIBRATE_ROWS
     kernel = lambda x, i: cpu_gemm.few_rows_gemm(lib, x, timed[i], None)  # noqa: E731
@@ -125,7 +124,7 @@ def lanes_without_onednn(mode: str, model: nn.Module, device: torch.device, dtyp
     beyond = max(counts) in rows and bool(row_calibration.cached_rows(
         row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"),
         lambda: gemm_timing.lanes_beyond(timed, lanes, (lambda x, i: cpu_gemm.widened_linear(x, timed[i], None))
-                                         if widen else kernel)))
+                                         if _widened_wins(lib, widest) else kernel)))
     log.info("output-lanes GEMM against the few-rows kernel (%s): %s rows%s", str(dtype).replace("torch.", ""),
              gemm_timing.ranges(rows) or "no", ", and level at 512: it takes every count" if beyond else
              " (not every count: the kernel keeps them)")
