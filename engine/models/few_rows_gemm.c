@@ -400,7 +400,7 @@ int splitserve_few_rows_bf16_max(void) { return MAX_ROWS; }
 #define LANES_ROWS 8 /* x rows per tile at most */
 #define LANES_VECS 3 /* blocks of 16 outputs per tile */
 #define LANES_F32 1
-static inline int lanes_streams(int rows) { return (void)rows, LANES_VECS; } /* blocks a tile takes */
+static inline int lanes_streams(int rows, int WB) { return (void)rows, (void)WB, LANES_VECS; } /* blocks a tile takes */
 #include <immintrin.h>
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define LANES_BF16 1
@@ -475,15 +475,16 @@ static inline __attribute__((always_inline)) void lanes_rows_any(const char *x, 
 }
 static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
                                                      const void *bias, void *y, int n, int n0, const char *pf,
-                                                     int pf_lines) {
-    (void)pf, (void)pf_lines; /* not prefetched here: the AVX-512 build was measured without (Zen 4) */
+                                                     int pf_lines, int c0, int c1, float *state) {
+    /* not prefetched here: the AVX-512 build was measured without (Zen 4); every line (LANES_CHUNK is AVX2's) */
+    (void)pf, (void)pf_lines, (void)c0, (void)c1, (void)state;
     lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, 0);
 }
 #if LANES_BF16
 static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int rows, const char *wl, int V,
                                                       const void *bias, void *y, int n, int n0, const char *pf,
-                                                      int pf_lines) {
-    (void)pf, (void)pf_lines;
+                                                      int pf_lines, int c0, int c1, float *state) {
+    (void)pf, (void)pf_lines, (void)c0, (void)c1, (void)state;
     lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, 1);
 }
 #endif
@@ -511,9 +512,15 @@ static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int 
 #define LANES_F32 1
 #define LANES_BF16 1
 #define LANES_WIDEN_X 1 /* bfloat16 x rows widened to float32 once a call */
+#define LANES_CHUNK 32 /* rows in 2-3 tiles: lines of a block each tile takes in turn (lanes_chunked) */
+#define LANES_CHUNK_TILES 3
+#define LANES_CHUNK_ROWS_BF16 5 /* bfloat16 tiles' rows there (6-row tiles: 11 and 12 rows 0.89-0.96x, 18 0.85x) */
 
-/* blocks a tile takes at once for its R rows (R * NB <= 6) */
-static inline int lanes_streams(int rows) { return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 ? 2 : 1; }
+/* blocks a tile takes at once for its R rows (R * NB <= 6). Bfloat16 at 3 rows one: 3 x 2 took 12.5 ms where 3 x
+ * 1 took 10.7 (the 30 layers and LM head, Zen 3, 2 threads, alternating; float32 3 x 2 1.04x faster than 3 x 1) */
+static inline int lanes_streams(int rows, int WB) {
+    return rows == 1 ? 4 : rows == 2 ? 3 : rows == 3 && !WB ? 2 : 1;
+}
 
 /* accumulator pair t (row i, block j: t = i * NB + j) += xb * (u, v) */
 #define LANES_UP(t, xb) (l##t = _mm256_fmadd_ps(xb, u, l##t), h##t = _mm256_fmadd_ps(xb, v, h##t))
@@ -531,23 +538,38 @@ static inline __attribute__((always_inline)) __m256 lanes_load(const char *p, co
     return _mm256_castsi256_ps(h ? _mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16) : _mm256_slli_epi32(v, 16));
 }
 
+/* accumulator pair t to or from a tile's saved state (16 floats a pair), where the tile has it (R, NB: constants) */
+#define LANES_LOAD(t) \
+    if ((t) < R * NB) l##t = _mm256_loadu_ps(state + 16 * (t)), h##t = _mm256_loadu_ps(state + 16 * (t) + 8);
+#define LANES_SAVE(t) \
+    if ((t) < R * NB) _mm256_storeu_ps(state + 16 * (t), l##t), _mm256_storeu_ps(state + 16 * (t) + 8, h##t);
+
 /* R x rows (float32: bfloat16 ones widened by the caller) against NB blocks from output n0 on (R, NB, WB: constants
  * after inlining); each k step, the block's weights are loaded once for all rows, and with R <= 2 the rows' x once
- * for all blocks. WB: bfloat16 weights, bias and output (rounded to nearest even), a 64-byte line holding a k pair */
+ * for all blocks. WB: bfloat16 weights, bias and output (rounded to nearest even), a 64-byte line holding a k pair.
+ * Lines c0 to c1 only (of a block's k or k / 2); with ``state`` the accumulators start from it where c0 > 0 and are
+ * saved to it where lines are left after c1 (the sums are the same: each one still runs over k in order) */
 static inline __attribute__((always_inline)) void lanes_tile(const float *xf, int k_dim, const int R, const int NB,
                                                              const char *wl, const void *bias, void *y,
                                                              int n_total, int n0, const char *pf, int pf_lines,
-                                                             const int WB) {
+                                                             const int WB, int c0, int c1, float *state) {
     /* named accumulators: held in an array, GCC stored all 12 to the stack at every step (the 30 layers' GEMMs ran
      * at 35% of the FMA peak) */
     const __m256 z = _mm256_setzero_ps();
     __m256 l0 = z, h0 = z, l1 = z, h1 = z, l2 = z, h2 = z, l3 = z, h3 = z, l4 = z, h4 = z, l5 = z, h5 = z;
     const int W16 = WB == 1; /* weights as bfloat16 pairs (else float32) */
-    const int64_t bb = 64 * (int64_t)(W16 ? k_dim / 2 : k_dim); /* bytes a block */
-    for (int c = 0; c < (W16 ? k_dim / 2 : k_dim); c++) { /* a 64-byte line of each block a step */
+    const int lines = W16 ? k_dim / 2 : k_dim; /* 64-byte lines a block */
+    const int64_t bb = 64 * (int64_t)lines; /* bytes a block */
+    if (state && c0 > 0) {
+        LANES_LOAD(0) LANES_LOAD(1) LANES_LOAD(2) LANES_LOAD(3) LANES_LOAD(4) LANES_LOAD(5)
+    }
+    for (int c = c0; c < c1; c++) { /* a 64-byte line of each block a step */
         const char *wc = wl + 64 * (int64_t)c;
         if (c < pf_lines) _mm_prefetch(pf + 64 * (int64_t)c, _MM_HINT_T0);
         for (int hk = 0; hk < (W16 ? 2 : 1); hk++) {
+            /* the odd k's weights loaded again rather than kept from the even k's load: kept, a 6-row tile's 12
+             * accumulators spilled (6 rows 20.6 -> 10.9 ms over the 30 layers and LM head, Zen 3, 2 threads) */
+            if (W16) __asm__ volatile("" ::: "memory");
             const int kk = W16 ? 2 * c + hk : c;
             __m256 x0 = _mm256_broadcast_ss(xf + kk), x1 = R > 1 ? _mm256_broadcast_ss(xf + k_dim + kk) : z;
             if (R <= 2) {
@@ -569,6 +591,10 @@ static inline __attribute__((always_inline)) void lanes_tile(const float *xf, in
                 }
             }
         }
+    }
+    if (state && c1 < lines) {
+        LANES_SAVE(0) LANES_SAVE(1) LANES_SAVE(2) LANES_SAVE(3) LANES_SAVE(4) LANES_SAVE(5)
+        return;
     }
     const __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
     for (int j = 0; j < NB; j++) {
@@ -595,12 +621,15 @@ static inline __attribute__((always_inline)) void lanes_tile(const float *xf, in
 }
 
 #define LANES_TILE(R, NB) \
-    case (R) * 8 + (NB): lanes_tile((const float *)x, k, R, NB, wl, bias, y, n, n0, pf, pf_lines, WB); break;
+    case (R) * 8 + (NB): \
+        lanes_tile((const float *)x, k, R, NB, wl, bias, y, n, n0, pf, pf_lines, WB, c0, c1, state); \
+        break;
 
-/* rows x rows against V blocks (the driver's: at most lanes_streams(rows)) */
+/* rows x rows against V blocks (the driver's: at most lanes_streams(rows)), lines c0 to c1 (lanes_tile) */
 static inline __attribute__((always_inline)) void lanes_rows_any(const char *x, int k, int rows, const char *wl,
                                                                  int V, const void *bias, void *y, int n, int n0,
-                                                                 const char *pf, int pf_lines, const int WB) {
+                                                                 const char *pf, int pf_lines, const int WB,
+                                                                 int c0, int c1, float *state) {
     switch (rows * 8 + V) {
         LANES_TILE(1, 1) LANES_TILE(1, 2) LANES_TILE(1, 3) LANES_TILE(1, 4) LANES_TILE(2, 1) LANES_TILE(2, 2)
         LANES_TILE(2, 3) LANES_TILE(3, 1) LANES_TILE(3, 2) LANES_TILE(4, 1) LANES_TILE(5, 1) LANES_TILE(6, 1)
@@ -608,19 +637,19 @@ static inline __attribute__((always_inline)) void lanes_rows_any(const char *x, 
 }
 static __attribute__((noinline)) void lanes_rows_f32(const char *x, int k, int rows, const char *wl, int V,
                                                      const void *bias, void *y, int n, int n0, const char *pf,
-                                                     int pf_lines) {
-    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 0);
+                                                     int pf_lines, int c0, int c1, float *state) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 0, c0, c1, state);
 }
 static __attribute__((noinline)) void lanes_rows_bf16(const char *x, int k, int rows, const char *wl, int V,
                                                       const void *bias, void *y, int n, int n0, const char *pf,
-                                                      int pf_lines) {
-    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 1);
+                                                      int pf_lines, int c0, int c1, float *state) {
+    lanes_rows_any(x, k, rows, wl, V, bias, y, n, n0, pf, pf_lines, 1, c0, c1, state);
 }
 /* the same over a bfloat16 block widened into float32 (lanes_widen: one block, its rows in several tiles) */
 static __attribute__((noinline)) void lanes_rows_wide(const char *x, int k, int rows, const char *wl,
                                                       const void *bias, void *y, int n, int n0, const char *pf,
                                                       int pf_lines) {
-    lanes_rows_any(x, k, rows, wl, 1, bias, y, n, n0, pf, pf_lines, 2);
+    lanes_rows_any(x, k, rows, wl, 1, bias, y, n, n0, pf, pf_lines, 2, 0, k, NULL);
 }
 
 /* a block of bfloat16 pairs ([k / 2][16][2]) into float32 ([k][16]; exact) */
@@ -642,14 +671,51 @@ static void lanes_widen(const char *w, int k, float *out) {
  * rows level (0.97-1.00x); 4 and 8 KiB no better */
 #define PREFETCH_LANES 2048
 
+#ifdef LANES_CHUNK
+/* rows in 2-3 tiles against one block (AVX2): LANES_CHUNK lines of it at a time, every tile in turn, each tile's
+ * accumulators kept in ``state`` (12 pairs of 8 floats a tile) between pieces, so that the first tile reads the
+ * piece from memory (pf_lines of its stream prefetched PREFETCH_LANES bytes ahead) and the others from L1 while
+ * that stream is still being read. Each output is still one sum over k in order: the same bits. A whole block per
+ * tile instead left the memory idle while the later tiles read it from L2: SmolLM2's 30 layers (Zen 3, 2 threads,
+ * alternating), float32 7 and 8 rows 24.1 -> 19.0 ms (6 rows in one tile: 13-18 ms), 12 rows 1.06x, 16 rows 1.09x;
+ * 32 lines a piece against 16, 64, 128 and 256: 1.03-1.10x, 0.94-0.98x, 0.90-0.93x, 0.84-0.92x. From 4 tiles on
+ * it lost (24 rows 0.97x, 32 rows 0.91x, 64 rows 0.81x: each piece costs every tile a store and load of its
+ * accumulators), so those keep whole blocks. Bfloat16 pairs are widened as read here, in every tile (widened once
+ * a piece into a buffer that the tiles then read, 7-8 rows were level with whole blocks and 12-16 rows 0.85-0.94x),
+ * in tiles of at most 5 rows (LANES_CHUNK_ROWS_BF16). Bfloat16 against whole widened blocks, ms: 7 rows 22.5 ->
+ * 15.6, 8 rows 22.4 -> 16.9, 9-10 rows 1.30x, 13-14 rows 1.13x. */
+static void lanes_chunked(const char *x, int k, int m, int tiles, const char *wg, const void *bias, void *y, int n,
+                          int n0, int pf_lines, float *state, const int WB) {
+    const int lines = WB ? k / 2 : k;
+    for (int c0 = 0; c0 < lines; c0 += LANES_CHUNK) {
+        const int c1 = lines - c0 < LANES_CHUNK ? lines : c0 + LANES_CHUNK;
+        for (int t = 0, done = 0; t < tiles; t++) {
+            const int rows = (m - done) / (tiles - t), pf = t == 0 ? pf_lines : 0;
+            const char *xt = x + (int64_t)done * k * 4; /* float32 (bfloat16 rows widened once a call) */
+            char *yt = (char *)y + (int64_t)done * n * (WB ? 2 : 4);
+            if (WB)
+                lanes_rows_bf16(xt, k, rows, wg, 1, bias, yt, n, n0, wg + PREFETCH_LANES, pf, c0, c1, state + 192 * t);
+            else
+                lanes_rows_f32(xt, k, rows, wg, 1, bias, yt, n, n0, wg + PREFETCH_LANES, pf, c0, c1, state + 192 * t);
+            done += rows;
+        }
+    }
+}
+#endif
+
 /* y = x @ W^T (+ bias) for m (<= MAX_ROWS) rows, W [n, k] in lane blocks (k even in bfloat16). Parallel over groups
  * of blocks (lanes_streams of the largest tile's rows); each group's x rows in tiles of at most LANES_ROWS, as even
- * as possible, the group's weights from L1/L2 for every tile after the first. */
+ * as possible, the group's weights from L1/L2 for every tile after the first (AVX2, 2-3 tiles: lanes_chunked). */
 static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, int m, int n, int k, int threads,
                       const int WB) {
     if (m < 1 || m > MAX_ROWS || n < 1 || k < 1 || (WB && k % 2)) return -1;
     const int64_t es = WB ? 2 : 4;
-    const int tiles = (m + LANES_ROWS - 1) / LANES_ROWS, nb = lanes_streams((m + tiles - 1) / tiles);
+    int tiles = (m + LANES_ROWS - 1) / LANES_ROWS;
+#ifdef LANES_CHUNK
+    if (WB && tiles > 1 && (m + LANES_CHUNK_ROWS_BF16 - 1) / LANES_CHUNK_ROWS_BF16 <= LANES_CHUNK_TILES)
+        tiles = (m + LANES_CHUNK_ROWS_BF16 - 1) / LANES_CHUNK_ROWS_BF16;
+#endif
+    const int nb = lanes_streams((m + tiles - 1) / tiles, WB);
     const int blocks = (n + 15) / 16, groups = (blocks + nb - 1) / nb;
     int64_t xes = es; /* bytes an x element, as the tiles read it */
 #ifdef LANES_WIDEN_X
@@ -664,9 +730,14 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
 #endif
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
+    float *state = NULL; /* lanes_chunked's */
+#ifdef LANES_CHUNK
+    if (tiles > 1 && tiles <= LANES_CHUNK_TILES && nb == 1 && (!WB || (m + tiles - 1) / tiles <= LANES_CHUNK_ROWS_BF16))
+        state = malloc(sizeof(float) * 192 * (size_t)tiles);
+#endif
 #ifdef LANES_WIDEN_X
-    /* bfloat16 rows in several tiles: each block widened once into float32, for all of them */
-    float *wide = WB && tiles > 1 ? malloc(sizeof(float) * 16 * (size_t)k) : NULL;
+    /* bfloat16 rows in more tiles: each block widened once into float32, for all of them */
+    float *wide = WB && tiles > 1 && !state ? malloc(sizeof(float) * 16 * (size_t)k) : NULL;
 #endif
 #pragma omp for schedule(static)
     for (int g = 0; g < groups; g++) {
@@ -680,6 +751,14 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
 #ifdef LANES_WIDEN_X
         if (wide) lanes_widen(wg, k, wide);
 #endif
+#ifdef LANES_CHUNK
+        if (state) {
+            const int own = WB ? k / 2 : k; /* the block's lines; the last block's stream prefetched to its end */
+            lanes_chunked(x, k, m, tiles, wg, bias, y, n, 16 * b0, b0 + V < blocks ? own : own - PREFETCH_LANES / 64,
+                          state, WB);
+            continue;
+        }
+#endif
         for (int t = 0, done = 0; t < tiles; t++) {
             const int rows = (m - done) / (tiles - t), from = (int)((int64_t)lines * t / tiles);
             const int to = (int)((int64_t)lines * (t + 1) / tiles);
@@ -691,16 +770,19 @@ static int lanes_gemm(const void *x, const void *wl, const void *bias, void *y, 
                                       to - from);
             else
 #endif
-            if (WB) lanes_rows_bf16(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from);
+            if (WB) lanes_rows_bf16(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from, 0,
+                                    k / 2, NULL);
             else
 #endif
-                lanes_rows_f32(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from);
+                lanes_rows_f32(xt, k, rows, wg, V, bias, yt, n, 16 * b0, next + 64 * (int64_t)from, to - from, 0, k,
+                               NULL);
             done += rows;
         }
     }
 #ifdef LANES_WIDEN_X
     free(wide);
 #endif
+    free(state);
     }
 #ifdef LANES_WIDEN_X
     free(xw);
