@@ -151,8 +151,8 @@ PREFILL_SOURCE = "engine/runner/attention/cpu_prefill.c"
 
 def source_at(rev: str, path: str, like: ctypes.CDLL | None = None) -> ctypes.CDLL:
     """The native library of ``path`` (a C source of this repository) as it was at git revision ``rev``, compiled
-    like the current one with the shared headers (engine/*.h) of ``rev``, for an A/B; its functions that ``like``
-    (the current library, already declared) also has get the same signatures."""
+    like the current one with the shared headers (engine/*.h) and those beside the source of ``rev``, for an A/B;
+    its functions that ``like`` (the current library, already declared) also has get the same signatures."""
     source = Path(__file__).resolve().parent.parent / path
     engine_dir = Path(native.__file__).resolve().parent
 
@@ -160,8 +160,13 @@ def source_at(rev: str, path: str, like: ctypes.CDLL | None = None) -> ctypes.CD
         return subprocess.run(["git", "-C", str(file.parent), "show", f"{rev}:./{file.name}"], check=True,
                               capture_output=True, text=True).stdout
 
+    def headers_at(folder: Path) -> dict[str, str]:
+        names = subprocess.run(["git", "-C", str(folder), "ls-tree", "--name-only", rev, "./"], check=True,
+                               capture_output=True, text=True).stdout.split()
+        return {name: show(folder / name) for name in sorted(names) if name.endswith(".h")}
+
     text = show(source)
-    headers = {h.name: show(h) for h in sorted(engine_dir.glob("*.h"))}
+    headers = {**headers_at(engine_dir), **headers_at(source.parent)}
     with tempfile.TemporaryDirectory() as tmp:  # the compiled library lands in native's cache, not here
         copy = Path(tmp) / f"{source.stem}_{rev.replace('/', '_').replace('~', '_')}.c"
         for name, body in headers.items():  # `#include "x.h"` finds these, next to the copy, first

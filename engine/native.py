@@ -1,7 +1,7 @@
 """Native CPU kernels: a C source compiled on first use with the system C compiler into the user's cache folder
-(keyed by source, the shared headers beside this file, compiler and flags) and loaded with ctypes, which releases
-the GIL during calls. Without a compiler (or with SPLITSERVE_DISABLE_NATIVE_KERNELS=1) callers get None and take
-their pure-torch path."""
+(keyed by source, the shared headers beside this file and those beside the source, compiler and flags) and loaded
+with ctypes, which releases the GIL during calls. Without a compiler (or with SPLITSERVE_DISABLE_NATIVE_KERNELS=1)
+callers get None and take their pure-torch path."""
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 # FMAs and reassociated (tree) reductions in the dot products; no errno, no trapping math
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=fast",
          "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
-_INCLUDE = Path(__file__).parent  # headers the kernels share (vec16.h); part of the cache key
+_INCLUDE = Path(__file__).parent  # headers the kernels share (vec16.h); part of the cache key, as are a source's own
 _loaded: dict[Path, ctypes.CDLL | None] = {}
 
 
@@ -32,7 +32,7 @@ def _build(source: Path) -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: %s is not used (the slower pure-torch path is)", source.name)
         return None
-    headers = b"".join(h.read_bytes() for h in sorted(_INCLUDE.glob("*.h")))
+    headers = b"".join(h.read_bytes() for h in sorted({*_INCLUDE.glob("*.h"), *source.parent.glob("*.h")}))
     digest = hashlib.sha256(source.read_bytes() + headers + cc.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}-{digest}.so"
     if not target.is_file():

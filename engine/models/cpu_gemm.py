@@ -3,12 +3,13 @@ oneDNN's GEMM on a dense or packed weight, and MKL's float32 GEMM on widened bfl
 layer takes for a row count is decided in linear.py, from timings made at load (gemm_timing.py).
 
 The few-rows kernel reads each weight row once for all of a call's rows, where MKL's sgemm packs the whole weight
-per call: for a small decode batch or a speculative verification that packing is most of the work. A row's
-result does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch.
-In bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take
-bfloat16 weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512, or AVX2 and FMA, the
-same library's output-lanes GEMM takes weights repacked once (``lanes_pack``; bfloat16 in pairs, with AVX-512 BF16)
-at up to MAX_ROWS rows: what packed layers use for the row counts it beats oneDNN's GEMM at."""
+per call: for a small decode batch or a speculative verification that packing is most of the work. A row's result
+does not depend on the rows that come with it, so a decoding request's tokens do not depend on its batch. In
+bfloat16 with AVX-512 BF16 it takes a few rows (pair products, no tiles); elsewhere its float32 tiles take bfloat16
+weights at every count (MAX_ROWS a call, larger inputs in pieces). With AVX-512, or AVX2 and FMA, the same library's
+output-lanes GEMM (lanes_gemm.h, which few_rows_gemm.c includes) takes weights repacked once (``lanes_pack``;
+bfloat16 in pairs, with AVX-512 BF16) at up to MAX_ROWS rows: what packed layers use for the row counts it beats
+oneDNN's GEMM at."""
 from __future__ import annotations
 
 import ctypes

@@ -1,12 +1,13 @@
-"""The output-lanes GEMM (engine/models/few_rows_gemm.c: weights in blocks of 16 outputs, bfloat16 in pairs of k
-with AVX-512 BF16, float32 with AVX-512 or AVX2) equals a float64 product (rounded to bfloat16 in bfloat16), to
-within the rounding of its sums, for every row count it takes (tiles of up to 8 rows with AVX-512, 6 with AVX2,
-partial ones and the uneven splits of larger counts too), with and without bias, on output counts that are and are
-not multiples of its 16-lane blocks and 3-block groups; a row's result does not depend on how many rows came with
-it; a packed model routes the counts it calibrated to through it, keeping its copy in place of the dense weight,
-or, where it keeps level at a prefill chunk's rows too, every count, without oneDNN's packed copy; where oneDNN
-does not beat MKL at a prefill chunk's rows, a float32 model takes it only if it does; and where oneDNN packs no
-bfloat16 (AVX2), a bfloat16 model takes it for every count only where it beat the few-rows kernel at all of them."""
+"""The output-lanes GEMM (engine/models/lanes_gemm.h, in few_rows_gemm.c's library: weights in blocks of 16 outputs,
+bfloat16 in pairs of k with AVX-512 BF16, float32 with AVX-512 or AVX2) equals a float64 product (rounded to
+bfloat16 in bfloat16), to within the rounding of its sums, for every row count it takes (tiles of up to 8 rows with
+AVX-512, 6 with AVX2, partial ones and the uneven splits of larger counts too), with and without bias, on output
+counts that are and are not multiples of its 16-lane blocks and 3-block groups; a row's result does not depend on
+how many rows came with it; a packed model routes the counts it calibrated to through it, keeping its copy in place
+of the dense weight, or, where it keeps level at a prefill chunk's rows too, every count, without oneDNN's packed
+copy; where oneDNN does not beat MKL at a prefill chunk's rows, a float32 model takes it only if it does; and where
+oneDNN packs no bfloat16 (AVX2), a bfloat16 model takes it for every count only where it beat the few-rows kernel at
+all of them."""
 from __future__ import annotations
 
 from pathlib import Path
