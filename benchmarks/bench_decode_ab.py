@@ -12,7 +12,11 @@ the others; ``--gemm-base off``, one without that kernel (oneDNN's packed GEMM o
 ``--attention-base REV`` does the same with REV's decode-attention kernel (engine/runner/attention/cpu_decode.c),
 ``--prefill-attention-base REV`` with REV's prefill-attention kernel (engine/runner/attention/cpu_prefill.c).
 ``--prefill`` times the prefill of ``--batch`` prompts of ``--context`` tokens (the server's chunk size and step
-budget) instead of a decode step.
+budget) instead of a decode step. ``--floor`` samples the host's read bandwidth (common.read_gbps) before every
+FLOOR_ROUND steps and after the last, and reports each variant's steps against the weight-read floor (every matmul
+weight read once: a batch-1 step's bound) at the better of the two samples around each round, median and range
+over the rounds, and at the run's best sample: the host's bandwidth moves by up to 1.5x within minutes, so a floor
+sampled minutes away from the steps measures the host as much as the engine.
 
     python -m benchmarks.bench_decode_ab --dtype bfloat16 --variant weight_prepack=off --variant weight_prepack=auto
     python -m benchmarks.bench_decode_ab --variant kv_cache_dtype=auto --variant kv_cache_dtype=bfloat16
@@ -20,6 +24,7 @@ budget) instead of a decode step.
     python -m benchmarks.bench_decode_ab --kernel
     python -m benchmarks.bench_decode_ab --kernel --kernel-shape smollm2 --context 544 --kernel-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --gemm-base HEAD~1
+    python -m benchmarks.bench_decode_ab --model smollm2 --batch 1 --context 128 --steps 200 --floor
     python -m benchmarks.bench_decode_ab --model smollm2 --dtype bfloat16 --batch 1 --gemm-base off
     python -m benchmarks.bench_decode_ab --model smollm2 --batch 64 --context 512 --attention-base HEAD~1
     python -m benchmarks.bench_decode_ab --model smollm2 --prefill --batch 4 --context 512 --steps 8 \
@@ -43,7 +48,8 @@ from typing import Any
 import torch
 
 from benchmarks.bench_engine import DTYPES, prompts_for
-from benchmarks.common import BENCH_MODELS, machine, model_dir, table, write_json
+from benchmarks.bench_vs_vllm import weight_read_floor_ms
+from benchmarks.common import BENCH_MODELS, machine, model_dir, read_gbps, table, write_json
 from engine import native
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from engine.engine_core import EngineCore
@@ -129,7 +135,10 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
                      else f"{names[0]} with {rev}'s {what}")
     prompts = prompts_for(args.batch, args.context, 4000)
     times: list[list[float]] = [[] for _ in cores]
-    for _ in range(args.steps):
+    reads: list[float] = []  # --floor: GB/s before each round of FLOOR_ROUND steps, and after the last
+    for step in range(args.steps):
+        if args.floor and step % FLOOR_ROUND == 0:
+            reads.append(read_gbps(seconds=0.2))
         for i, core in enumerate(cores):
             start = time.perf_counter()
             if args.prefill:
@@ -137,12 +146,30 @@ def run_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
             else:
                 core.step()
             times[i].append(time.perf_counter() - start)
+    if args.floor:
+        reads.append(read_gbps(seconds=0.2))
     base = statistics.median(times[0])
     unit = "prefill" if args.prefill else "step"
     return [{"variant": names[i], f"median_{unit}_ms": 1e3 * statistics.median(t),
              f"p25_{unit}_ms": 1e3 * statistics.quantiles(t, n=4)[0],
              "tok_s": args.batch * (args.context if args.prefill else 1) / statistics.median(t),
-             "speedup_vs_first": base / statistics.median(t)} for i, t in enumerate(times)]
+             "speedup_vs_first": base / statistics.median(t),
+             **(floor_columns(args, t, reads) if args.floor else {})} for i, t in enumerate(times)]
+
+
+FLOOR_ROUND = 10  # --floor: steps a variant takes between two samples of the read bandwidth
+
+
+def floor_columns(args: argparse.Namespace, times: list[float], reads: list[float]) -> dict[str, Any]:
+    """A variant's steps against the weight-read floor: per round of FLOOR_ROUND steps, its median step over the
+    floor at the better of the read samples just before and after the round (median and range over rounds), and
+    its median step over the floor at the run's best sample."""
+    floor_ms = lambda gbps: weight_read_floor_ms(args.model, args.dtype, gbps)["floor_ms"]  # noqa: E731
+    rounds = [times[j:j + FLOOR_ROUND] for j in range(0, len(times), FLOOR_ROUND)]
+    ratios = [1e3 * statistics.median(r) / floor_ms(max(reads[j], reads[j + 1])) for j, r in enumerate(rounds)]
+    return {"over_floor_around": statistics.median(ratios), "over_floor_around_min": min(ratios),
+            "over_floor_around_max": max(ratios), "read_gbps_median": statistics.median(reads),
+            "over_floor_at_best_read": 1e3 * statistics.median(times) / floor_ms(max(reads))}
 
 
 DECODE_SOURCE = "engine/runner/attention/cpu_decode.c"
@@ -243,6 +270,9 @@ def main() -> None:
                     help="time the prefill of --batch prompts of --context tokens instead of a decode step (the "
                          "server's chunk size and step budget)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--floor", action="store_true",
+                    help="report the steps against the weight-read floor at the read bandwidth sampled around each "
+                         f"round of {FLOOR_ROUND} steps (decode only)")
     ap.add_argument("--kernel", action="store_true", help="time the decode-attention kernel alone instead")
     ap.add_argument("--kernel-base", default=None, metavar="REV",
                     help="--kernel: time this tree's kernel against the one at git revision REV, alternating")
@@ -259,6 +289,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="--kernel: tokens per page")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode_ab.json"))
     args = ap.parse_args()
+    if args.floor and (args.prefill or args.kernel):
+        raise SystemExit("--floor times decode steps: not with --prefill or --kernel")
     torch.set_num_threads(args.threads)
     rows = run_kernel(args) if args.kernel else run_ab(args)
     print(table(rows, list(rows[0])))
