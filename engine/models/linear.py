@@ -109,26 +109,42 @@ def lanes_without_onednn(mode: str, model: nn.Module, device: torch.device, dtyp
     if any(_odd_pairs(True, w) for w in _linear_weights(model, dtype)):  # PackedLinear would need oneDNN for them
         return None
     timed = gemm_timing.working_set(weights)
+    lanes = _lanes_on(lib, timed)
+    stem = gemm_timing.kernel_key(lib, timed) + f"-lanes-vs-kernel-{str(dtype).replace('torch.', '')}"
+    kernel = lambda x, i: cpu_gemm.few_rows_gemm(lib, x, timed[i], None)  # noqa: E731
+    rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem),
+                                       lambda: gemm_timing.calibrate_rows(lib, timed, counts=LANES_COUNTS,
+                                                                          kernel=lanes, baseline=kernel))
+    beyond = _lanes_beyond(widest, stem, rows, lambda: gemm_timing.lanes_beyond(
+        timed, lanes, (lambda x, i: cpu_gemm.widened_linear(x, timed[i], None))
+        if _widened_wins(lib, widest) else kernel))
+    log.info("output-lanes GEMM against the few-rows kernel (%s): %s rows%s", str(dtype).replace("torch.", ""),
+             gemm_timing.ranges(rows) or "no", ", and level at 512: it takes every count" if beyond else
+             " (not every count: the kernel keeps them)")
+    return RowRoute(lib, rows, lanes=True, beyond=True) if beyond else None
+
+
+LANES_COUNTS = gemm_timing.LANES_CALIBRATE_ROWS
+
+
+def _lanes_on(lib: ctypes.CDLL, timed: list[torch.Tensor]) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """The output-lanes GEMM over ``timed`` as calibrations call it (rows, weight index), packing its copies of
+    them on its first call."""
     copies: list[torch.Tensor] = []
 
     def lanes(x: torch.Tensor, i: int) -> torch.Tensor:
         if not copies:
             copies.extend(cpu_gemm.lanes_pack(w) for w in timed)
         return cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)
-    stem = gemm_timing.kernel_key(lib, timed) + f"-lanes-vs-kernel-{str(dtype).replace('torch.', '')}"
-    counts = gemm_timing.LANES_CALIBRATE_ROWS
-    kernel = lambda x, i: cpu_gemm.few_rows_gemm(lib, x, timed[i], None)  # noqa: E731
-    rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem),
-                                       lambda: gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=lanes,
-                                                                          baseline=kernel))
-    beyond = max(counts) in rows and bool(row_calibration.cached_rows(
-        row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"),
-        lambda: gemm_timing.lanes_beyond(timed, lanes, (lambda x, i: cpu_gemm.widened_linear(x, timed[i], None))
-                                         if _widened_wins(lib, widest) else kernel)))
-    log.info("output-lanes GEMM against the few-rows kernel (%s): %s rows%s", str(dtype).replace("torch.", ""),
-             gemm_timing.ranges(rows) or "no", ", and level at 512: it takes every count" if beyond else
-             " (not every count: the kernel keeps them)")
-    return RowRoute(lib, rows, lanes=True, beyond=True) if beyond else None
+    return lanes
+
+
+def _lanes_beyond(widest: torch.Tensor, stem: str, rows: frozenset[int],
+                  measure: Callable[[], frozenset[int]]) -> bool:
+    """Whether the output-lanes GEMM, having won every count timed (``rows``), also kept level at BIG_ROWS rows
+    (``measure``: gemm_timing.lanes_beyond against the route's own GEMM there; once per host)."""
+    return max(LANES_COUNTS) in rows and bool(row_calibration.cached_rows(
+        row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"), measure))
 
 
 def _widened_wins(lib: ctypes.CDLL, widest: torch.Tensor) -> bool:
@@ -256,34 +272,22 @@ def few_rows_vs_packed(weights: list[torch.Tensor]) -> RowRoute | None:
     timed = gemm_timing.working_set([w for w in weights if not _odd_pairs(lanes, w)])
     if not timed:
         return None
-    counts = gemm_timing.LANES_CALIBRATE_ROWS if lanes else gemm_timing.calibrated_counts(lib, widest.dtype)
-
+    counts = LANES_COUNTS if lanes else gemm_timing.calibrated_counts(lib, widest.dtype)
+    kernel = _lanes_on(lib, timed) if lanes else None
     packed: list[torch.Tensor] = []
-    copies: list[torch.Tensor] = []
 
-    def operands() -> tuple[Callable[[torch.Tensor, int], torch.Tensor] | None,
-                            Callable[[torch.Tensor, int], torch.Tensor]]:
-        """The kernel and the packed GEMM over the timed weights, as calibrations call them."""
+    def onednn(x: torch.Tensor, i: int) -> torch.Tensor:
+        """The packed GEMM over the timed weights, packing them on its first call."""
         if not packed:
             packed.extend(cpu_gemm.pack(w) for w in timed)
-            if lanes:
-                copies.extend(cpu_gemm.lanes_pack(w) for w in timed)
-        kernel = (lambda x, i: cpu_gemm.lanes_gemm(lib, x, copies[i], timed[i].shape[0], None)) if lanes else None
-        return kernel, lambda x, i: cpu_gemm.onednn_linear(x, packed[i], None)
-
-    def measure() -> frozenset[int]:
-        kernel, baseline = operands()
-        return gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel, baseline=baseline)
-
-    def measure_beyond() -> frozenset[int]:
-        kernel, baseline = operands()
-        assert kernel is not None
-        return gemm_timing.lanes_beyond(timed, kernel, baseline)
+        return cpu_gemm.onednn_linear(x, packed[i], None)
     bf16 = widest.dtype == torch.bfloat16
     stem = gemm_timing.kernel_key(lib, timed) + ("-lanes" if lanes else "") + ("-bf16" if bf16 else "")
-    rows = row_calibration.cached_rows(row_calibration.key(tuple(widest.shape), stem + "-vs-packed"), measure)
-    beyond = lanes and max(counts) in rows and bool(row_calibration.cached_rows(
-        row_calibration.key(tuple(widest.shape), stem + f"-beyond{gemm_timing.BIG_ROWS}"), measure_beyond))
+    rows = row_calibration.cached_rows(
+        row_calibration.key(tuple(widest.shape), stem + "-vs-packed"),
+        lambda: gemm_timing.calibrate_rows(lib, timed, counts=counts, kernel=kernel, baseline=onednn))
+    beyond = kernel is not None and _lanes_beyond(widest, stem, rows,
+                                                  lambda: gemm_timing.lanes_beyond(timed, kernel, onednn))
     log.info("%s for %s rows next to the packed GEMM (%s)%s", "output-lanes GEMM" if lanes else "few-rows kernel",
              gemm_timing.ranges(rows) or "no", str(widest.dtype).replace("torch.", ""),
              f", and above: level with it at {gemm_timing.BIG_ROWS} rows (no packed copy kept)" if beyond else "")
