@@ -751,12 +751,18 @@ static fast_fn pick_fast(int head_dim, int group, int whole, int kv_dtype, int d
  * generic one's spread page reads streaming better). Measured on an AVX2-only Zen 1 host (2 threads), SmolLM2's
  * shapes (9 heads, 3 kv heads, dim 64), 30 layers' pools of scattered pages, alternating with the generic body in
  * one C harness: bfloat16 batch 1 at 16-2048 tokens 1.13-1.25x, batch 4, 16 and 64 at 128-600 tokens
- * 1.17-1.24x; VJ 4 against 1 or 2: 1.02-1.09x. */
+ * 1.17-1.24x; VJ 4 against 1 or 2: 1.02-1.09x. VJ is taken per G so that the G x VJ accumulators, the VJ V vectors and
+ * the broadcast weight fit AVX2's 16 registers (VJ_OF): SmolLM2's G = 3 with VJ 4 needs 17, and GCC kept one
+ * accumulator on the stack, a load-FMA-store chain through memory at every key (11% of the kernel's samples on a
+ * Zen 3 host). There, with VJ 2 and the cache's dtype a constant (this body takes bfloat16 caches only), batch 1 at
+ * 64-1,024 keys in cache ran 1.05-1.2x faster (same bits: each accumulator still sums its keys in order). */
 #include <immintrin.h>
 #define HAVE_FAST 1
 #define CHUNKED 1
 #define FAST_MAX_GROUP 8
-#define VJ 4 /* V vectors per pass: 4 x G accumulators */
+#define VJ_MAX 4
+/* V vectors per pass for G query rows a kv head: 4, or fewer where G x VJ + VJ + 1 registers would not fit */
+#define VJ_OF(G) ((G) * 4 + 4 + 1 <= 16 ? 4 : (G) * 2 + 2 + 1 <= 16 ? 2 : 1)
 
 static inline __m256 load8(const void *base, int64_t idx, int kv_dtype) {
     if (kv_dtype == 0) return _mm256_loadu_ps((const float *)base + idx);
@@ -781,7 +787,7 @@ static inline __m256 sum8x8(const __m256 *v) {
 static inline __attribute__((always_inline)) void avx2_block(const Args *A, float *qs, float *accs, float *dens,
                                                               float *mx, int64_t row0, const int64_t *at, int n,
                                                               int nkv, const int D, const int G, int64_t pf_row) {
-    const int DV = D / 8, kv_dtype = A->kv_dtype, elem = kv_dtype == 0 ? 4 : 2;
+    const int DV = D / 8, kv_dtype = 1, elem = 2; /* bfloat16 caches only (pick_fast) */
     const int64_t stride = A->stride;
     const __m256 valid = _mm256_castsi256_ps(
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
@@ -837,12 +843,13 @@ static inline __attribute__((always_inline)) void avx2_block(const Args *A, floa
             for (int j = 0; j < DV; j++) _mm256_storeu_ps(ar + 8 * j, _mm256_mul_ps(_mm256_loadu_ps(ar + 8 * j), cv));
         }
         float *ah = accs + (int64_t)h * G * D;
+        const int VJ = VJ_OF(G);
         for (int j0 = 0; j0 < DV; j0 += VJ) { /* VJ V vectors at a time, every query row's accumulators for them */
-            __m256 acc[FAST_MAX_GROUP][VJ];
+            __m256 acc[FAST_MAX_GROUP][VJ_MAX];
             for (int g = 0; g < G; g++)
                 for (int j = 0; j < VJ; j++) acc[g][j] = _mm256_loadu_ps(ah + g * D + 8 * (j0 + j));
             for (int t = 0; t < n; t++) {
-                __m256 v[VJ];
+                __m256 v[VJ_MAX];
                 for (int j = 0; j < VJ; j++) v[j] = load8(A->v_cache, KEY_ROW(t) + 8 * (j0 + j), kv_dtype);
                 for (int g = 0; g < G; g++) {
                     const __m256 w = _mm256_broadcast_ss(&pw[g][t]);
