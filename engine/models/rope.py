@@ -49,9 +49,14 @@ class RotaryEmbedding(torch.nn.Module):
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [T, 1, D] for `positions` [T], in `dtype`: looked up once per forward, used by every layer."""
-        if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
-            self._grow(max(int(positions.max()) + 1, 2 * self._cos.shape[0]))
-        return self._cos[positions].to(dtype).unsqueeze(1), self._sin[positions].to(dtype).unsqueeze(1)
+        cos, sin = self.tables(int(positions.max()) + 1 if positions.numel() else 0)
+        return cos[positions].to(dtype).unsqueeze(1), sin[positions].to(dtype).unsqueeze(1)
+
+    def tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 cos and sin tables [P, D], P >= ``positions`` (grown, at least doubling, where short)."""
+        if positions > self._cos.shape[0]:
+            self._grow(max(positions, 2 * self._cos.shape[0]))
+        return self._cos, self._sin
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,20 @@
  * and on return the last layer's MLP output of the out rows (every row without them), residual their running
  * sum (the model's final norm adds the two). Returns 0, -1 without scratch or without the prefill kernel for a
  * step with chunks, or the first kernel's nonzero code (then the step's outputs are undefined, and the caller
- * raises). */
+ * raises).
+ *
+ * The ends of a forward can come in too (a step with ``ids``, ``logits``): x gathered from the embedding rows of
+ * the step's tokens, the RoPE rows from the float32 tables at the step's positions (rounded to the model's dtype as
+ * torch's ``to`` rounds them), and after the last layer the model's final norm and LM head over the out rows, the
+ * logits widened to float32, as CausalLM.tail and head compute them. At batch 1 those ends were ~0.5 ms of a ~10 ms
+ * bfloat16 SmolLM2 step in Python and torch (embedding 0.06, RoPE rows 0.1, the final norm 0.12 and the rows'
+ * selection 0.11, the head's dispatch and widening 0.18): each op a few microseconds in a microbenchmark, tens in a
+ * step, whose 270 MB of weights leave nothing of Python's or torch's in the caches. -3: a token id outside the
+ * embedding, or a position outside the RoPE tables. */
 #include <stdint.h>
 #include <string.h>
+
+#include "vec16.h"
 
 typedef int (*gemm_fn)(const void *x, const void *w, const void *bias, void *y, int m, int n, int k, int threads);
 typedef int (*norm_fn)(const void *x, void *residual, const void *w, void *out, int rows, int dim, float eps,
@@ -67,6 +78,12 @@ typedef struct {
     int64_t num_slots;
     float eps, scale;
     int gemm_rows; /* the most rows one GEMM call takes: more go in pieces */
+    /* the ends (NULL where the stack is not given them) */
+    const void *embed;      /* [vocab, hidden] */
+    const void *final_norm; /* the model's last norm's weight */
+    Linear head;            /* [vocab, hidden] in head_gemm's layout */
+    gemm_fn head_gemm;
+    int vocab, head_rows; /* head_rows: the most rows one head_gemm call takes */
 } Stack;
 
 typedef struct {
@@ -78,13 +95,22 @@ typedef struct {
     const int64_t *q_starts, *q_lens, *extend_kv_lens, *extend_page_table;
     const int64_t *out_rows; /* [num_out]: the rows the last layer projects out (NULL: every row) */
     void *scratch;           /* splitserve_layer_stack_scratch(rows) bytes, 4 KiB aligned */
+    /* the ends: ids [rows] (NULL: x_io holds the embeddings), positions [rows] into the float32 tables
+     * rope_cos/rope_sin [rope_rows, head_dim] (NULL: cos/sin hold the rows' values), logits [out rows, vocab] float32
+     * (NULL: x_io and residual_io get the last layer's output and the residual), head_out [out rows, vocab] where
+     * a bfloat16 head writes before the widening */
+    const int64_t *ids, *positions;
+    const float *rope_cos, *rope_sin;
+    int64_t rope_rows;
+    float *logits;
+    void *head_out;
 } Step;
 
 /* The step's activations live in buffers of their own (x and the residual are copied in and out), each at a
  * different offset within a 4 KiB page (SKEW apart): with them packed back to back, a float32 step of 4 rows ran
  * 1.3x slower than the per-layer path (19.9 against 15.6 ms a step on a Zen 5 host), loads of one buffer
  * presumably waiting on stores to another at the same address bits (4K aliasing); skewed, 12.7 against 16.0. */
-#define NBUF 9
+#define NBUF 11
 #define SKEW 320
 
 /* buffer i's share of the scratch: whole pages, the buffer starting SKEW * (i + 1) bytes into the first */
@@ -110,11 +136,11 @@ static int gemm_pieces(const Stack *s, const void *x, const Linear *w, void *y, 
         } \
     } while (0)
 
-/* each buffer's elements for a step of t rows: x, residual, h, qkv_out, qk, qc, attn, gu, act */
+/* each buffer's elements for a step of t rows: x, residual, h, qkv_out, qk, qc, attn, gu, act, cos, sin */
 static void buffer_sizes(const Stack *s, int t, int64_t sizes[NBUF]) {
     const int q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
     const int64_t per_row[NBUF] = {s->hidden, s->hidden, s->hidden, q + 2 * kv, q + kv, q, q, 2 * s->inter,
-                                   s->inter};
+                                   s->inter, s->head_dim, s->head_dim};
     for (int i = 0; i < NBUF; i++) sizes[i] = (int64_t)t * per_row[i];
 }
 
@@ -125,6 +151,47 @@ int64_t splitserve_layer_stack_scratch(const Stack *s, int rows) {
     buffer_sizes(s, rows, sizes);
     for (int i = 0; i < NBUF; i++) total += buffer_bytes(sizes[i] * (s->dtype ? 2 : 4), i);
     return total;
+}
+
+/* x from the embedding rows of the step's ids, and its cos and sin rows from the tables at its positions, in the
+ * model's dtype; -3 for an id or position outside them */
+static int gather_inputs(const Stack *s, const Step *st, char *x, char *cos, char *sin) {
+    const int64_t es = s->dtype ? 2 : 4, row = (int64_t)s->hidden * es, d = s->head_dim;
+    for (int r = 0; r < st->rows; r++) {
+        const int64_t id = st->ids[r], pos = st->positions[r];
+        if (id < 0 || id >= s->vocab || pos < 0 || pos >= st->rope_rows) return -3;
+        memcpy(x + r * row, (const char *)s->embed + id * row, (size_t)row);
+        for (int64_t i = 0; i < d; i++) {
+            const float c = st->rope_cos[pos * d + i], n = st->rope_sin[pos * d + i];
+            if (s->dtype) {
+                ((uint16_t *)cos)[r * d + i] = f32_to_bf16(c);
+                ((uint16_t *)sin)[r * d + i] = f32_to_bf16(n);
+            } else {
+                ((float *)cos)[r * d + i] = c;
+                ((float *)sin)[r * d + i] = n;
+            }
+        }
+    }
+    return 0;
+}
+
+/* the logits of the m out rows (x: the last layer's output, residual: the running sum): the final norm, the LM head
+ * in pieces of its most rows, a bfloat16 head's output widened */
+static int head_logits(const Stack *s, const Step *st, char *x, char *residual, char *h, int m, int nt) {
+    const int64_t es = s->dtype ? 2 : 4, v = s->vocab;
+    CHECK(s->norm(x, residual, s->final_norm, h, m, s->hidden, s->eps, s->dtype, nt));
+    char *out = s->dtype ? (char *)st->head_out : (char *)st->logits;
+    for (int r = 0; r < m; r += s->head_rows) {
+        const int rows = m - r < s->head_rows ? m - r : s->head_rows;
+        CHECK(s->head_gemm(h + (int64_t)r * s->hidden * es, s->head.w, s->head.b, out + (int64_t)r * v * es, rows,
+                           (int)v, s->hidden, nt));
+    }
+    if (s->dtype) {
+        const uint16_t *b = st->head_out;
+        uint32_t *f = (uint32_t *)st->logits; /* bfloat16 is the top half of a float32 */
+        for (int64_t i = 0; i < (int64_t)m * v; i++) f[i] = (uint32_t)b[i] << 16;
+    }
+    return 0;
 }
 
 int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *residual_io) {
@@ -141,7 +208,15 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
     }
     char *x = buf[0], *residual = buf[1], *h = buf[2], *qkv_out = buf[3], *qk = buf[4], *qc = buf[5],
          *attn = buf[6], *gu = buf[7], *act = buf[8];
-    memcpy(x, x_io, (size_t)(sizes[0] * es));
+    const void *cos_rows = st->cos, *sin_rows = st->sin;
+    if (st->ids) {
+        if (!s->embed || !st->positions) return -1;
+        CHECK(gather_inputs(s, st, x, buf[9], buf[10]));
+        cos_rows = buf[9], sin_rows = buf[10];
+    } else {
+        memcpy(x, x_io, (size_t)(sizes[0] * es));
+    }
+    if (st->logits && (!s->head_gemm || !s->final_norm || (s->dtype && !st->head_out))) return -1;
     const int nt = st->threads, nd = st->num_decode, hid = s->hidden;
     int m = t; /* rows carried through the layer's output projection and MLP */
     for (int l = 0; l < s->num_layers; l++) {
@@ -153,7 +228,7 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
             CHECK(s->norm(x, residual, L->ln1, h, t, hid, s->eps, s->dtype, nt));
         }
         CHECK(gemm_pieces(s, h, &L->qkv, qkv_out, t, qkv, hid, nt));
-        CHECK(s->rope(qkv_out, qkv, qk, st->cos, st->sin, t, s->heads + s->kv_heads, d, s->dtype, nt));
+        CHECK(s->rope(qkv_out, qkv, qk, cos_rows, sin_rows, t, s->heads + s->kv_heads, d, s->dtype, nt));
         CHECK(s->kv_write(L->k_cache, L->v_cache, st->slots, s->num_slots, qk + (int64_t)q * es,
                           qkv_out + (int64_t)(q + kv) * es, t, kv * es, (int64_t)(q + kv) * es, qkv * es, nt));
         if (nd) {
@@ -184,6 +259,7 @@ int splitserve_layer_stack(const Stack *s, const Step *st, void *x_io, void *res
         CHECK(s->act(gu, act, m, s->inter, s->dtype, nt));
         CHECK(gemm_pieces(s, act, &L->down, x, m, hid, s->inter, nt));
     }
+    if (st->logits) return head_logits(s, st, x, residual, h, m, nt);
     memcpy(x_io, x, (size_t)((int64_t)m * hid * es));
     memcpy(residual_io, residual, (size_t)((int64_t)m * hid * es));
     return 0;

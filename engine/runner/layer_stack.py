@@ -10,7 +10,12 @@ rows), and the count of rows whose logits are wanted, are ones the few-rows GEMM
 Zen 4 host, and every count where it took those), one GEMM function for all of them, on CPU, for float32 or bfloat16 models without per-head QK norms whose
 KV pool has the model's dtype. As in ``CausalLM.forward``, the last layer projects out only the rows whose
 logits are wanted: a prefill chunk's last. Measured: the prefill of one 128-token prompt of SmolLM2 (bfloat16,
-2 threads) spent ~13% of its time in the per-layer path's Python, one core waiting."""
+2 threads) spent ~13% of its time in the per-layer path's Python, one core waiting.
+
+``logits`` runs the model's ends in the same call (the embedding and RoPE rows of the step's ids and positions,
+the final norm, the LM head and the widening to float32) where the head's GEMM takes the count of rows whose
+logits are wanted (``ends_take``): the same kernels and roundings as ``CausalLM``'s, so the same bits. Interleaved
+on SmolLM2 at batch 1 (Zen 3, 2 threads, against the layers alone): bfloat16 1.026-1.057x, float32 1.03-1.09x."""
 from __future__ import annotations
 
 import ctypes
@@ -24,6 +29,7 @@ from engine import native
 from engine.mem.kv_pool import KVPool
 from engine.models import row_ops
 from engine.models import cpu_gemm
+from engine.models.linear import FewRowsOperands
 from engine.models.llama import CausalLM
 from engine.runner.attention.base import AttentionMeta
 from engine.runner.attention import cpu_kernels
@@ -48,7 +54,8 @@ class _Stack(ctypes.Structure):
                 ("prefill", _p), ("layers", ctypes.POINTER(_Layer)), *[(n, ctypes.c_int) for n in (
                     "num_layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "page_size", "dtype")],
                 ("num_slots", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("gemm_rows", ctypes.c_int)]
+                ("gemm_rows", ctypes.c_int), ("embed", _p), ("final_norm", _p), ("head", _Linear), ("head_gemm", _p),
+                ("vocab", ctypes.c_int), ("head_rows", ctypes.c_int)]
 
 
 class _Step(ctypes.Structure):
@@ -57,7 +64,8 @@ class _Step(ctypes.Structure):
                 ("kv_lens", _p), ("extra_slots", _p), ("extra_lens", _p),
                 *[(n, ctypes.c_int) for n in ("num_decode", "num_extends", "extend_max_pages", "num_out")],
                 *[(n, _p) for n in ("q_starts", "q_lens", "extend_kv_lens", "extend_page_table", "out_rows")],
-                ("scratch", _p)]
+                ("scratch", _p), ("ids", _p), ("positions", _p), ("rope_cos", _p), ("rope_sin", _p),
+                ("rope_rows", ctypes.c_int64), ("logits", _p), ("head_out", _p)]
 
 
 @functools.cache
@@ -84,9 +92,11 @@ class LayerStack:
 
     def __init__(self, model: CausalLM, pool: KVPool, scale: float, rows: frozenset[int], beyond: bool,
                  gemm_name: str, operands: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]],
-                 lib: ctypes.CDLL, prefill: ctypes.CDLL | None, gemm_rows: int) -> None:
+                 lib: ctypes.CDLL, prefill: ctypes.CDLL | None, gemm_rows: int,
+                 head: FewRowsOperands | None) -> None:
         """``rows``: the row counts every layer's GEMM takes, ``beyond``: and every count above them (the GEMM
-        called in pieces of ``gemm_rows``)."""
+        called in pieces of ``gemm_rows``); ``head``: the LM head's operands where ``logits`` runs the model's ends
+        too."""
         cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
         # looked up through their modules when built, so an engine built with another GEMM or attention kernel
         # (bench_decode_ab --gemm-base, --attention-base) runs it in the stack too
@@ -109,6 +119,15 @@ class LayerStack:
             self._layers, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.intermediate_size, pool.shape.page_size, row_ops.DTYPE_CODES[dtype], pool.shape.num_slots,
             model.layers[0].input_layernorm.eps, scale, gemm_rows)
+        self.head = head
+        if head is not None:
+            self._stack.embed = model.embed_tokens.weight.data_ptr()
+            self._stack.final_norm = model.norm.weight.data_ptr()
+            self._stack.head = _Linear(head.weight.data_ptr(), _ptr(head.bias))
+            self._stack.head_gemm = _fn(gemm, head.kernel)
+            self._stack.vocab = model.embed_tokens.weight.shape[0]
+            self._stack.head_rows = cpu_gemm.MAX_ROWS if head.beyond else max(head.rows)
+        self._head_out = torch.empty(0, dtype=dtype)  # a bfloat16 head's rows before the widening, kept as scratch
         self._keep = (pool, operands)  # the tensors whose addresses the structures hold
         # the steps' scratch, kept at the largest size a step needed (bounded by the scheduler's step: SmolLM2's
         # 2,048 prefill rows and 128 decode rows ~40 MB in bfloat16): allocated per step, the tens of MB a prefill
@@ -153,9 +172,24 @@ class LayerStack:
             return None
         prefill = cpu_kernels.prefill_kernel() if native_prefill else None
         top = cpu_gemm.MAX_ROWS if beyond else max(rows)
-        log.info("native layer stack for %d-%s rows (%s)%s", min(rows), "" if beyond else max(rows), *names,
-                 ", prefill chunks too" if prefill is not None else "")
-        return cls(model, pool, scale, rows, beyond, names.pop(), operands, lib, prefill, top)
+        head = cls._head_of(model, dtype)
+        log.info("native layer stack for %d-%s rows (%s)%s%s", min(rows), "" if beyond else max(rows), *names,
+                 ", prefill chunks too" if prefill is not None else "", ", the embedding, final norm and LM head too"
+                 if head is not None else "")
+        return cls(model, pool, scale, rows, beyond, names.pop(), operands, lib, prefill, top, head)
+
+    @staticmethod
+    def _head_of(model: CausalLM, dtype: torch.dtype) -> FewRowsOperands | None:
+        """The LM head's few-rows operands where the stack can run the model's ends: an untied head, or a tied one's
+        packed copy, routed to a few-rows kernel, and a final norm like the layers'."""
+        head, norm, embed = model.lm_head, model.norm, model.embed_tokens.weight
+        got = getattr(head, "few_rows_operands", lambda: None)() if head is not None else None
+        if (got is None or got.weight.dtype != dtype or norm.weight.dtype != dtype or not norm.weight.is_contiguous()
+                or norm.eps != model.layers[0].input_layernorm.eps or not embed.is_contiguous()
+                or getattr(head, "out_features", None) != embed.shape[0]
+                or cpu_gemm.few_rows_kernel() is None or not hasattr(cpu_gemm.few_rows_kernel(), got.kernel)):
+            return None
+        return got
 
     def takes(self, meta: AttentionMeta, out_rows: int | None = None) -> bool:
         """Whether ``run`` takes this step: its rows (decode rows, then prefill chunks' where the stack has the
@@ -176,6 +210,11 @@ class LayerStack:
     def _fits(self, rows: int) -> bool:
         return rows in self.rows or (self.beyond and rows > max(self.rows))
 
+    def ends_take(self, out_rows: int) -> bool:
+        """Whether ``logits`` takes a step (one ``takes`` takes) whose ``out_rows`` rows give logits: the counts the
+        LM head's GEMM takes, as the head's own forward would route them."""
+        return self.head is not None and (out_rows in self.head.rows or self.head.beyond)
+
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
             extend_args: tuple[torch.Tensor, ...] | None = None,
             out_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,22 +227,52 @@ class LayerStack:
         cos, sin = model.rope.table(positions, h.dtype)
         out = h.shape[0] if out_rows is None else out_rows.shape[0]
         residual = torch.empty(out, h.shape[1], dtype=h.dtype)
+        step = self._step(h.shape[0], meta, extend_args, out_rows)
+        step.cos, step.sin = cos.data_ptr(), sin.data_ptr()
+        self._call(step, h.data_ptr(), residual.data_ptr())
+        return h[:out], residual  # h held every row's embedding, and now the first `out` rows' output
+
+    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, top_position: int, meta: AttentionMeta,
+               extend_args: tuple[torch.Tensor, ...] | None = None,
+               out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``CausalLM.forward``'s float32 logits of ``out_rows`` (every row without them) from the step's token ids
+        and positions (int64; ``top_position`` their largest), the ends in the same call (``ends_take``)."""
+        assert self.head is not None
+        rows = input_ids.shape[0]
+        out = rows if out_rows is None else out_rows.shape[0]
+        cos, sin = self.model.rope.tables(top_position + 1)
+        vocab = self._stack.vocab
+        logits = torch.empty(out, vocab)
+        if self._stack.dtype and self._head_out.numel() < out * vocab:
+            self._head_out = torch.empty(out * vocab, dtype=self._head_out.dtype)
+        step = self._step(rows, meta, extend_args, out_rows)
+        step.ids, step.positions = input_ids.data_ptr(), positions.data_ptr()
+        step.rope_cos, step.rope_sin, step.rope_rows = cos.data_ptr(), sin.data_ptr(), cos.shape[0]
+        step.logits, step.head_out = logits.data_ptr(), self._head_out.data_ptr()
+        self._call(step, None, None)
+        return logits
+
+    def _step(self, rows: int, meta: AttentionMeta, extend_args: tuple[torch.Tensor, ...] | None,
+              out_rows: torch.Tensor | None) -> _Step:
         has_extra = meta.decode_extra_slots is not None and meta.decode_extra_lens is not None
         table = meta.decode_page_table
         ext = extend_args if meta.extends else None
         assert not meta.extends or ext is not None, "a step with extends needs their tables"
-        step = _Step(h.shape[0], table.shape[1], meta.decode_extra_slots.shape[1] if has_extra else 0,
-                     torch.get_num_threads(), cos.data_ptr(), sin.data_ptr(), meta.out_slots.data_ptr(),
+        return _Step(rows, table.shape[1], meta.decode_extra_slots.shape[1] if has_extra else 0,
+                     torch.get_num_threads(), None, None, meta.out_slots.data_ptr(),
                      table.data_ptr(), meta.decode_kv_lens.data_ptr(),
                      _ptr(meta.decode_extra_slots) if has_extra else None,
                      _ptr(meta.decode_extra_lens) if has_extra else None,
-                     meta.num_decode, len(meta.extends), 0 if ext is None else ext[3].shape[1], out,
+                     meta.num_decode, len(meta.extends), 0 if ext is None else ext[3].shape[1],
+                     rows if out_rows is None else out_rows.shape[0],
                      *((None,) * 4 if ext is None else (t.data_ptr() for t in ext)), _ptr(out_rows),
-                     self._scratch_for(h.shape[0]))
-        rc = self._lib.splitserve_layer_stack(ctypes.byref(self._stack), ctypes.byref(step), h.data_ptr(),
-                                               residual.data_ptr())
+                     self._scratch_for(rows))
+
+    def _call(self, step: _Step, x: int | None, residual: int | None) -> None:
+        rc = self._lib.splitserve_layer_stack(ctypes.byref(self._stack), ctypes.byref(step), x, residual)
         if rc == -2:
             raise MemoryError("a kernel of the native layer stack could not allocate its scratch")
+        if rc == -3:
+            raise IndexError("a token id outside the embedding, or a position outside the RoPE tables")
         if rc != 0:
-            raise RuntimeError(f"the native layer stack's kernels refused the step ({rc}, {h.shape[0]} rows)")
-        return h[:out], residual  # h held every row's embedding, and now the first `out` rows' output
+            raise RuntimeError(f"the native layer stack's kernels refused the step ({rc}, {step.rows} rows)")

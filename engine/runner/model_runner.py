@@ -156,6 +156,9 @@ class ModelRunner:
         cut = not self.hidden and logit_rows != list(range(len(ids)))
         if self.stack is not None and self.stack.takes(meta, len(logit_rows) if cut else None):
             extend_args = self.backend.extend_args if isinstance(self.backend, TorchAttentionBackend) else None
+            if not self.hidden and self.stack.ends_take(len(logit_rows)):  # the model's ends in the same call
+                logits = self.stack.logits(*args, max(positions), meta, extend_args, rows if cut else None)
+                return self._output(logits, n_sampled, sampled, prompt_rows, None, first_rows)
             h, residual = self.stack.run(*args, meta, extend_args, rows if cut else None)
             hidden = self.model.tail(h, residual, None) if self.hidden else None
             logits = (self.model.head(hidden[rows]) if hidden is not None
@@ -164,6 +167,12 @@ class ModelRunner:
         else:
             hidden = self.model(*args, None, self.backend) if self.hidden else None
             logits = self.model.head(hidden[rows]) if hidden is not None else self.model(*args, rows, self.backend)
+        return self._output(logits, n_sampled, sampled, prompt_rows, hidden, first_rows)
+
+    @staticmethod
+    def _output(logits: torch.Tensor, n_sampled: int, sampled: list[ScheduledSeq],
+                prompt_rows: list[tuple[ScheduledSeq, int, int]], hidden: torch.Tensor | None,
+                first_rows: dict[int, int]) -> ForwardOutput:
         prompt_logits, at = [], n_sampled
         for seq, _, n in prompt_rows:
             prompt_logits.append((seq, logits[at:at + n]))

@@ -27,14 +27,18 @@ from tests.helpers import write_hf_checkpoint
 
 class BothPaths:
     """Runs every forward of ``core`` with the stack and again without it (the second writes the same K/V to the
-    same slots) and asserts equal outputs; counts the forwards and those the stack took."""
+    same slots) and asserts equal outputs; counts the forwards, those the stack took and those whose ends (the
+    embedding, the final norm and the LM head) it ran too. ``ends=False``: the stack runs the layers alone."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, ends: bool = True) -> None:
         runner = core.runner
         stack = runner.stack
         assert stack is not None, "the stack was meant to be built"
-        self.forwards = self.stacked = self.stacked_extends = self.cut = 0
-        forward, run_stack = runner.forward, stack.run
+        assert stack.head is not None, "the stack was meant to take the model's ends"
+        if not ends:
+            stack.head = None
+        self.forwards = self.stacked = self.stacked_extends = self.cut = self.ended = 0
+        forward, run_stack, run_logits = runner.forward, stack.run, stack.logits
 
         def counted(*args):  # noqa: ANN002, ANN202
             self.stacked += 1
@@ -45,6 +49,17 @@ class BothPaths:
                 assert h.shape[0] == residual.shape[0] == args[4].shape[0] < args[0].shape[0]
             return h, residual
         stack.run = counted  # type: ignore[method-assign]
+
+        def counted_logits(*args):  # noqa: ANN002, ANN202
+            self.stacked += 1
+            self.ended += 1
+            self.stacked_extends += bool(args[3].extends)
+            logits = run_logits(*args)
+            if args[5] is not None:
+                self.cut += 1
+                assert logits.shape[0] == args[5].shape[0] < args[0].shape[0]
+            return logits
+        stack.logits = counted_logits  # type: ignore[method-assign]
 
         def both(batch):  # noqa: ANN001, ANN202
             self.forwards += 1
@@ -76,22 +91,24 @@ def pin_kernel_rows(monkeypatch: pytest.MonkeyPatch, top: int = 63) -> None:
                         real(key, measure, file) if "onednn" in key or "-vs-" in key or "widen" in key else rows)
 
 
-def check_mixed_run(core: EngineCore, n: int = 8) -> BothPaths:
-    both = BothPaths(core)
+def check_mixed_run(core: EngineCore, n: int = 8, ends: bool = True) -> BothPaths:
+    both = BothPaths(core, ends)
     run(core, prompts(n), [params(i) for i in range(n)])
     assert both.stacked > both.stacked_extends > 0, "the stack took decode steps and steps with prefill chunks"
     assert both.cut > 0, "a prefill chunk's last layer ran over its sampling row alone"
+    assert (both.ended == both.stacked) if ends else both.ended == 0
     return both
 
 
+@pytest.mark.parametrize("ends", [True, False], ids=["with_ends", "layers_alone"])
 @pytest.mark.parametrize("pool", [8192, 160], ids=["roomy", "tight"])
-def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, pool: int,
+def test_tiny_llama_steps_and_tree_verifications_match(tiny_model_dir: Path, pool: int, ends: bool,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     pin_kernel_rows(monkeypatch)  # the first step (8 prompts' 8-token chunks, 64 rows) is left to the layers
     ref = run(make_core(tiny_model_dir), prompts(8), [params(i) for i in range(8)])
     core = make_core(tiny_model_dir, chunk=8, max_total_tokens=pool, speculative=drafting_always(NGRAM),
                      drafter=TreeDrafter({r.rid: r.output_ids for r in ref}, 4000))
-    both = check_mixed_run(core)
+    both = check_mixed_run(core, ends=ends)
     assert both.stacked < both.forwards, "steps of more rows than the GEMM kernel takes go through the layers"
     if pool == 160:
         assert core.scheduler.num_retractions > 0, "the tight pool was meant to retract"
@@ -153,3 +170,17 @@ def test_the_stack_takes_only_its_row_counts(tiny_model_dir: Path) -> None:
     runner = core.runner
     without = LayerStack.build(runner.model, runner.pool, runner.backend.scale, native_decode=True)
     assert without is not None and not without.extends and not without.takes(meta(0, chunk))
+
+
+def test_the_stack_refuses_a_token_or_position_outside_its_tables(tiny_model_dir: Path) -> None:
+    stack = _core(tiny_model_dir).runner.stack
+    assert stack is not None and stack.head is not None and stack.ends_take(1)
+    meta = AttentionMeta(torch.arange(1), 1, torch.ones(1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), ())
+    vocab = stack.model.embed_tokens.weight.shape[0]
+    ok = stack.logits(torch.tensor([vocab - 1]), torch.tensor([0]), 0, meta)
+    assert ok.shape == (1, vocab) and ok.dtype == torch.float32 and torch.isfinite(ok).all()
+    with pytest.raises(IndexError, match="token id"):
+        stack.logits(torch.tensor([vocab]), torch.tensor([0]), 0, meta)
+    rows = stack.model.rope.tables(1)[0].shape[0]
+    with pytest.raises(IndexError, match="position"):  # top_position understated: the tables were not grown to it
+        stack.logits(torch.tensor([1]), torch.tensor([rows]), 0, meta)
