@@ -58,7 +58,10 @@ class TorchAttentionBackend(AttentionBackend):
         self._meta = meta
         device = self.pool.data.device
         p = self.page_size
-        offsets = torch.arange(p, device=device)
+        # built only where used: a step the native kernels take builds nothing here (in a batch-1 step, whose weights
+        # sweep the caches, this one op took ~40 us)
+        offsets = (torch.arange(p, device=device)
+                   if (meta.num_decode and self._native is None) or (meta.extends and self._prefill is None) else None)
         if meta.num_decode and self._native is None:
             table = meta.decode_page_table
             slots = (table.unsqueeze(-1) * p + offsets).reshape(table.shape[0], -1)
