@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -166,11 +167,12 @@ def _draw_rows(x: torch.Tensor, rows: list[int], reqs: list[Request], u: torch.T
     lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
     if lib is not None and u.dtype == torch.float64 and u.is_contiguous():
         f32 = ctypes.c_float * n
-        temperature = f32(*(sp.temperature for sp in sps))
-        out = (ctypes.c_int64 * n)()
+        temperature = f32(*(sp.temperature for sp in sps))  # one below float32's range is 0 there: 1 / 0 = inf, as
+        out = (ctypes.c_int64 * n)()                         # torch's reciprocal gives (the kernel takes the argmax)
         if lib.splitserve_sample_rows(x.data_ptr(), (ctypes.c_int64 * n)(*rows), n, vocab, x.stride(0),
-                                      f32(*(1.0 / t for t in temperature)),
-                                      (ctypes.c_int64 * n)(*(sp.top_k if sp.top_k > 0 else vocab for sp in sps)),
+                                      f32(*(1.0 / t if t else math.inf for t in temperature)),
+                                      (ctypes.c_int64 * n)(*(min(sp.top_k, vocab) if sp.top_k > 0 else vocab
+                                                             for sp in sps)),
                                       f32(*(sp.top_p for sp in sps)), f32(*(sp.min_p for sp in sps)), u.data_ptr(),
                                       out, torch.get_num_threads()) == 0:
             return list(out)

@@ -242,7 +242,7 @@ class LayerStack:
         out = rows if out_rows is None else out_rows.shape[0]
         cos, sin = self.model.rope.tables(top_position + 1)
         vocab = self._stack.vocab
-        logits = torch.empty(out, vocab)
+        logits = torch.empty(out, vocab, dtype=torch.float32)
         if self._stack.dtype and self._head_out.numel() < out * vocab:
             self._head_out = torch.empty(out * vocab, dtype=self._head_out.dtype)
         step = self._step(rows, meta, extend_args, out_rows)

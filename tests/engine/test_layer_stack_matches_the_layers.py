@@ -175,7 +175,9 @@ def test_the_stack_takes_only_its_row_counts(tiny_model_dir: Path) -> None:
 def test_the_stack_refuses_a_token_or_position_outside_its_tables(tiny_model_dir: Path) -> None:
     stack = _core(tiny_model_dir).runner.stack
     assert stack is not None and stack.head is not None and stack.ends_take(1)
-    meta = AttentionMeta(torch.arange(1), 1, torch.ones(1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), ())
+    # one decode row at position 0: its K/V into slot 0, attending over that slot (page 0)
+    meta = AttentionMeta(torch.zeros(1, dtype=torch.long), 1, torch.ones(1, dtype=torch.long),
+                         torch.zeros(1, 1, dtype=torch.long), ())
     vocab = stack.model.embed_tokens.weight.shape[0]
     ok = stack.logits(torch.tensor([vocab - 1]), torch.tensor([0]), 0, meta)
     assert ok.shape == (1, vocab) and ok.dtype == torch.float32 and torch.isfinite(ok).all()

@@ -25,6 +25,14 @@ def test_greedy_takes_the_argmax() -> None:
     assert tokens == [1, 0]
 
 
+def test_a_temperature_below_float32s_range_takes_the_argmax_and_fails_no_row() -> None:
+    logits = torch.tensor([[0.5, 3.0, 1.0, -2.0, 2.9], [0.0, 0.0, 4.0, 0.0, 0.0]])
+    huge_k = 2**64 + 5  # a top_k past the vocabulary keeps all of it (not 5 once it wraps in a C int64)
+    errors: dict[int, Exception] = {}
+    tokens, _ = sample(logits, [req("a", temperature=1e-50), req("b", seed=3, top_k=huge_k)], gen(), errors)
+    assert not errors and tokens[0] == 1 and 0 <= tokens[1] < 5
+
+
 def test_filters_keep_exactly_the_nucleus_topk_and_min_p() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3)
     kept = filter_probs(probs, top_k=torch.tensor([2, 4, 4]), top_p=torch.tensor([1.0, 0.7, 1.0]),

@@ -6,6 +6,8 @@ import httpx
 import openai
 from harness import Cluster, sse_events
 
+from tests.helpers import wait_until
+
 
 def pd_router(cluster: Cluster, prefills: list, decodes: list, *extra: str):
     args = ["--pd-disaggregation"]
@@ -82,6 +84,10 @@ def test_prefill_without_bootstrap_port_sends_null(cluster: Cluster) -> None:
     d = cluster.worker("decode")
     r = cluster.router("--pd-disaggregation", "--prefill", p.url, "--decode", d.url, "--max-retries", "0")
     resp = httpx.post(f"{r.url}/generate", json={"text": "x"})
-    # The fake prefill insists on its (absent) bootstrap port being null, and says so.
-    assert p.requests()[0]["body"]["bootstrap_port"] is None
+    # Both sides get bootstrap_port null. The fake decode then fails at once (no bootstrap server to reach) and the
+    # router cancels the prefill's leg, which on a loaded host can go before the prefill has read it (seen in a full
+    # run): the decode's request is the one sure to arrive, the prefill's is checked where it did.
+    assert wait_until(lambda: d.requests(), timeout=10, what="the decode's request")
+    assert d.requests()[0]["body"]["bootstrap_port"] is None
+    assert all(req["body"]["bootstrap_port"] is None for req in p.requests())
     assert resp.status_code in (200, 500, 502)
