@@ -158,28 +158,40 @@ class Filters:
 
 
 def _draw_rows(x: torch.Tensor, rows: list[int], reqs: list[Request], u: torch.Tensor) -> list[int]:
-    """``draw`` for the listed rows with their requests' temperature and filters. On CPU the kernel's arguments go
-    in as C arrays built from the parameters, with the values ``draw``'s tensors hold (float32 temperatures and
-    their float32 reciprocals: a double quotient rounded to float32 is the float32 quotient): a batch-1 sampled step
-    spent ~0.3 ms in the dozen small torch ops that built them, in caches the step's weights had swept."""
+    """``draw`` for the listed rows with their requests' temperature and filters, the native kernel's arguments
+    built as C arrays from the parameters rather than as tensors (a batch-1 sampled step spent ~0.3 ms in the
+    dozen small torch ops that built them, in caches the step's weights had swept). The values are ``draw``'s: the
+    float32 temperatures' float32 reciprocals (a double quotient rounded to float32 is the float32 quotient; one
+    below float32's range is 0 there, and 1 / 0 is inf, as torch's reciprocal gives: the kernel takes the argmax)."""
     sps = [reqs[i].sampling for i in rows]
-    n, vocab = len(rows), x.shape[-1]
-    lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
-    if lib is not None and u.dtype == torch.float64 and u.is_contiguous():
-        f32 = ctypes.c_float * n
-        temperature = f32(*(sp.temperature for sp in sps))  # one below float32's range is 0 there: 1 / 0 = inf, as
-        out = (ctypes.c_int64 * n)()                         # torch's reciprocal gives (the kernel takes the argmax)
-        if lib.splitserve_sample_rows(x.data_ptr(), (ctypes.c_int64 * n)(*rows), n, vocab, x.stride(0),
-                                      f32(*(1.0 / t if t else math.inf for t in temperature)),
-                                      (ctypes.c_int64 * n)(*(min(sp.top_k, vocab) if sp.top_k > 0 else vocab
-                                                             for sp in sps)),
-                                      f32(*(sp.top_p for sp in sps)), f32(*(sp.min_p for sp in sps)), u.data_ptr(),
-                                      out, torch.get_num_threads()) == 0:
-            return list(out)
+    vocab = x.shape[-1]
+    temperature = (ctypes.c_float * len(rows))(*(sp.temperature for sp in sps))
+    got = _native_draw(x, rows, [1.0 / t if t else math.inf for t in temperature],
+                       [sp.top_k if sp.top_k > 0 else vocab for sp in sps], [sp.top_p for sp in sps],
+                       [sp.min_p for sp in sps], u)
+    if got is not None:
+        return got
     filters = (Filters(torch.tensor([sp.top_k if sp.top_k > 0 else vocab for sp in sps]),
                        torch.tensor([sp.top_p for sp in sps]), torch.tensor([sp.min_p for sp in sps]))
                if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0 for sp in sps) else None)
-    return draw(x, rows, torch.tensor([sp.temperature for sp in sps]), u, filters).tolist()
+    return _torch_draw(x, rows, torch.tensor([sp.temperature for sp in sps]), u, filters).tolist()
+
+
+def _native_draw(x: torch.Tensor, rows: list[int], inv_temperature: list[float], top_k: list[int],
+                 top_p: list[float], min_p: list[float], u: torch.Tensor) -> list[int] | None:
+    """The rows' tokens from sampler.c (each list per row; top_k past the vocabulary keeps all of it), or None
+    where it does not run: not CPU float32 rows, uniforms not contiguous float64, or its scratch not allocated."""
+    lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
+    if lib is None or u.dtype != torch.float64 or not u.is_contiguous():
+        return None
+    n, vocab = len(rows), x.shape[1]
+    f32, i64 = ctypes.c_float * n, ctypes.c_int64 * n
+    out = i64()
+    if lib.splitserve_sample_rows(x.data_ptr(), i64(*rows), n, vocab, x.stride(0), f32(*inv_temperature),
+                                  i64(*(min(k, vocab) for k in top_k)), f32(*top_p), f32(*min_p), u.data_ptr(), out,
+                                  torch.get_num_threads()) != 0:
+        return None
+    return list(out)
 
 
 def draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor, u: torch.Tensor,
@@ -187,18 +199,17 @@ def draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor, u: torch.T
     """One token per listed row of logits ``x``, from softmax(x[row] / temperature[i]) restricted by
     ``filters``, with uniform u[i]. Native on CPU (sampler.c); elsewhere filter_probs and a float64 cumulative
     sum inverted in token order."""
-    lib = _kernel() if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 else None
-    if lib is not None:
-        n, vocab = len(rows), x.shape[1]
-        f = filters or Filters(torch.full((n,), vocab), torch.ones(n), torch.zeros(n))
-        args = [torch.tensor(rows, dtype=torch.int64), (1.0 / temperature).float(), f.top_k.to(torch.int64),
-                f.top_p.float(), f.min_p.float(), u.to(torch.float64)]
-        args = [a.contiguous() for a in args]
-        out = torch.empty(n, dtype=torch.int64)
-        if lib.splitserve_sample_rows(x.data_ptr(), args[0].data_ptr(), n, vocab, x.stride(0),
-                                      *(a.data_ptr() for a in args[1:]), out.data_ptr(),
-                                      torch.get_num_threads()) == 0:
-            return out
+    n, vocab = len(rows), x.shape[1]
+    got = _native_draw(x, rows, (1.0 / temperature).float().tolist(),
+                       filters.top_k.tolist() if filters else [vocab] * n,
+                       filters.top_p.tolist() if filters else [1.0] * n,
+                       filters.min_p.tolist() if filters else [0.0] * n, u.to(torch.float64).contiguous())
+    return torch.tensor(got, dtype=torch.int64) if got is not None else _torch_draw(x, rows, temperature, u, filters)
+
+
+def _torch_draw(x: torch.Tensor, rows: list[int], temperature: torch.Tensor, u: torch.Tensor,
+                filters: Filters | None) -> torch.Tensor:
+    """``draw`` in torch: filter_probs and a float64 cumulative sum inverted in token order."""
     w = torch.softmax(x[rows].double() / temperature.to(x.device, torch.float64).unsqueeze(1), dim=-1)
     if filters is not None:
         w = filter_probs(w, *(t.to(x.device) for t in (filters.top_k, filters.top_p, filters.min_p)))

@@ -116,16 +116,21 @@ typedef struct {
 /* buffer i's share of the scratch: whole pages, the buffer starting SKEW * (i + 1) bytes into the first */
 static int64_t buffer_bytes(int64_t bytes, int i) { return (bytes + SKEW * (i + 1) + 4095) / 4096 * 4096; }
 
-/* y[m, n] = x[m, k] @ W^T (+ b), in pieces of the GEMM function's most rows */
-static int gemm_pieces(const Stack *s, const void *x, const Linear *w, void *y, int m, int n, int k, int nt) {
-    const int64_t es = s->dtype ? 2 : 4;
-    for (int r = 0; r < m; r += s->gemm_rows) {
-        const int rows = m - r < s->gemm_rows ? m - r : s->gemm_rows;
-        const int rc = s->gemm((const char *)x + (int64_t)r * k * es, w->w, w->b, (char *)y + (int64_t)r * n * es,
-                               rows, n, k, nt);
+/* y[m, n] = x[m, k] @ W^T (+ b) by `gemm`, in pieces of its `most` rows */
+static int pieces(gemm_fn gemm, int most, int64_t es, const void *x, const Linear *w, void *y, int m, int n, int k,
+                  int nt) {
+    for (int r = 0; r < m; r += most) {
+        const int rows = m - r < most ? m - r : most;
+        const int rc = gemm((const char *)x + (int64_t)r * k * es, w->w, w->b, (char *)y + (int64_t)r * n * es, rows,
+                            n, k, nt);
         if (rc) return rc;
     }
     return 0;
+}
+
+/* a layer's GEMM, in pieces of the GEMM function's most rows */
+static int gemm_pieces(const Stack *s, const void *x, const Linear *w, void *y, int m, int n, int k, int nt) {
+    return pieces(s->gemm, s->gemm_rows, s->dtype ? 2 : 4, x, w, y, m, n, k, nt);
 }
 
 #define CHECK(call) \
@@ -180,12 +185,8 @@ static int gather_inputs(const Stack *s, const Step *st, char *x, char *cos, cha
 static int head_logits(const Stack *s, const Step *st, char *x, char *residual, char *h, int m, int nt) {
     const int64_t es = s->dtype ? 2 : 4, v = s->vocab;
     CHECK(s->norm(x, residual, s->final_norm, h, m, s->hidden, s->eps, s->dtype, nt));
-    char *out = s->dtype ? (char *)st->head_out : (char *)st->logits;
-    for (int r = 0; r < m; r += s->head_rows) {
-        const int rows = m - r < s->head_rows ? m - r : s->head_rows;
-        CHECK(s->head_gemm(h + (int64_t)r * s->hidden * es, s->head.w, s->head.b, out + (int64_t)r * v * es, rows,
-                           (int)v, s->hidden, nt));
-    }
+    CHECK(pieces(s->head_gemm, s->head_rows, es, h, &s->head, s->dtype ? st->head_out : (void *)st->logits, m,
+                 (int)v, s->hidden, nt));
     if (s->dtype) {
         const uint16_t *b = st->head_out;
         uint32_t *f = (uint32_t *)st->logits; /* bfloat16 is the top half of a float32 */

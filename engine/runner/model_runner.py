@@ -177,5 +177,5 @@ class ModelRunner:
         for seq, _, n in prompt_rows:
             prompt_logits.append((seq, logits[at:at + n]))
             at += n
-        sampled_logits = logits if n_sampled == logits.shape[0] else logits[:n_sampled]  # a view costs ~50 us cold
+        sampled_logits = logits if n_sampled == logits.shape[0] else logits[:n_sampled]  # no view where all are
         return ForwardOutput(sampled_logits, sampled, prompt_logits, hidden, first_rows if hidden is not None else None)

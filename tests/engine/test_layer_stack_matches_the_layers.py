@@ -44,9 +44,10 @@ class BothPaths:
             self.stacked += 1
             self.stacked_extends += bool(args[2].extends)
             h, residual = run_stack(*args)
-            if args[4] is not None:  # the last layer's rows: those whose logits are wanted, not every row
+            if args[4] is not None:  # the last layer's rows: those whose logits are wanted (all of them, in
+                # another order, for a whole prompt chunk with prompt logprobs)
                 self.cut += 1
-                assert h.shape[0] == residual.shape[0] == args[4].shape[0] < args[0].shape[0]
+                assert h.shape[0] == residual.shape[0] == args[4].shape[0] <= args[0].shape[0]
             return h, residual
         stack.run = counted  # type: ignore[method-assign]
 
@@ -57,7 +58,7 @@ class BothPaths:
             logits = run_logits(*args)
             if args[5] is not None:
                 self.cut += 1
-                assert logits.shape[0] == args[5].shape[0] < args[0].shape[0]
+                assert logits.shape[0] == args[5].shape[0] <= args[0].shape[0]
             return logits
         stack.logits = counted_logits  # type: ignore[method-assign]
 
